@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ExecutionsConfig(AppConfig):
+    name = "controlplane.executions"
+    verbose_name = "Executions"

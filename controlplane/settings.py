@@ -1,0 +1,261 @@
+"""Every Holdfast control-plane tunable, read from the environment in this one place.
+
+Each setting carries its default and the reason for it. With nothing set, Holdfast runs
+on its embedded default: SQLite and Celery's filesystem broker under ``var/``. Setting
+``DATABASE_URL=postgres://...`` and ``CELERY_BROKER_URL=redis://...`` switches to the
+production parts; the code is the same on both.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# Embedded state (SQLite file, filesystem broker, file cache) lives here, never in the
+# source tree proper, so `git clean` and `.gitignore` keep it out of commits.
+VAR_DIR = Path(os.environ.get("HOLDFAST_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    """Parse a number strictly: anything that is not a finite number, or is below
+    ``minimum``, falls back to the default rather than half-applying a typo."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        return default
+    if value != value or value in (float("inf"), float("-inf")):
+        return default
+    if minimum is not None and value < minimum:
+        return default
+    return value
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        return default
+    if minimum is not None and value < minimum:
+        return default
+    return value
+
+
+def database_from_url(url: str) -> dict:
+    """``postgres://user:pass@host:port/name?sslmode=...`` or ``sqlite:///path``."""
+    parsed = urlparse(url)
+    if parsed.scheme in {"postgres", "postgresql", "pgsql"}:
+        options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parsed.path.lstrip("/")) or "holdfast",
+            "USER": unquote(parsed.username or ""),
+            "PASSWORD": unquote(parsed.password or ""),
+            "HOST": parsed.hostname or "",
+            "PORT": str(parsed.port or ""),
+            "OPTIONS": options,
+            # Executions are short and workers are threads: reuse connections for a
+            # minute rather than opening one per task.
+            "CONN_MAX_AGE": 60,
+            "CONN_HEALTH_CHECKS": True,
+        }
+    if parsed.scheme == "sqlite":
+        return _sqlite(Path(unquote(parsed.path)) if parsed.path else VAR_DIR / "holdfast.sqlite3")
+    raise ValueError(f"DATABASE_URL scheme {parsed.scheme!r} is not supported (postgres or sqlite)")
+
+
+def _sqlite(path: Path) -> dict:
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(path),
+        "OPTIONS": {
+            # Several processes (web, worker, the main job) share one file: WAL lets readers
+            # and one writer proceed together, IMMEDIATE takes the write lock at BEGIN so two
+            # writers queue on the busy timeout instead of failing with "database is locked".
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+        },
+    }
+
+
+# --- Django core -------------------------------------------------------------------
+
+# A fixed key only for the embedded default; production sets DJANGO_SECRET_KEY.
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "holdfast-embedded-default-not-for-production")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",") if h]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "controlplane.executions",
+    "controlplane.runs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "controlplane" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+DATABASES = {"default": database_from_url(DATABASE_URL) if DATABASE_URL else _sqlite(VAR_DIR / "holdfast.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Redis in production (shared by every worker, so the drain page sees them all); the
+# database cache on the embedded default, since it needs no extra process.
+CACHE_URL = env_str("HOLDFAST_CACHE_URL", "")
+if CACHE_URL.startswith("redis://"):
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(VAR_DIR / "cache")}}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["stderr"], "level": env_str("HOLDFAST_LOG_LEVEL", "INFO")},
+}
+
+# --- Celery --------------------------------------------------------------------------
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+_BROKER_DIR = VAR_DIR / "broker"
+# Executions are stored on their rows; Celery's result backend would be a second copy.
+CELERY_TASK_IGNORE_RESULT = True
+# Late acknowledgement: a message is acked only after its task returns, so a worker that
+# dies mid-task has its message redelivered instead of lost. Redelivery cannot run an
+# execution twice because the task claims the row by compare-and-set (queued -> running)
+# before anything is sent to a host.
+CELERY_TASK_ACKS_LATE = True
+# A worker killed mid-task must not requeue forever ("message loops" in Celery's docs):
+# the claimed row already says the execution may have run, and the sweep marks it.
+CELERY_TASK_REJECT_ON_WORKER_LOST = False
+# Prefetch 1: a worker holds only the messages it is running, so on a warm shutdown
+# nothing sits reserved in a dying process and a scale-in hands work to the survivors.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# The longest execution we accept, in seconds. The broker's visibility timeout must be
+# longer than any task, or Redis redelivers a message whose task is still running.
+EXECUTION_MAX_TIMEOUT_S = env_float("HOLDFAST_EXECUTION_MAX_TIMEOUT_S", 300.0, minimum=1.0)
+# Visibility timeout = the longest execution + the pool's wait for a connection + margin,
+# rounded up generously: a long value only delays recovery after a power loss, a short
+# one duplicates deliveries (the CAS claim makes a duplicate harmless, but wasteful).
+CELERY_VISIBILITY_TIMEOUT_S = env_int("HOLDFAST_CELERY_VISIBILITY_TIMEOUT_S", 3600, minimum=60)
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_BROKER_DIR / "queue"),
+        "data_folder_out": str(_BROKER_DIR / "queue"),
+        "processed_folder": str(_BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT_S}
+# Warm shutdown on SIGTERM (Celery's default) finishes running tasks; the soft-shutdown
+# window bounds it so it fits the orchestrator's grace (Kubernetes: 30 s by default).
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = env_float("HOLDFAST_WORKER_SOFT_SHUTDOWN_S", 0.0, minimum=0.0)
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_DEFAULT_QUEUE = env_str("HOLDFAST_CELERY_QUEUE", "holdfast")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    # A crash between commit and publish loses the message; re-publishing rows still
+    # queued is harmless because the task claims by compare-and-set.
+    "executions-sweep": {"task": "controlplane.executions.tasks.sweep_executions", "schedule": 30.0},
+}
+
+# --- Sandbox pool (per worker process) ------------------------------------------------
+
+# Where the pool dials: a load balancer in front of hosts, or one host. Unset means the
+# pool is not configured, and an execution fails at once with a configuration error.
+SANDBOX_URL = env_str("HOLDFAST_SANDBOX_URL", "")
+# Shared secret every host checks on the first frame. Never logged, never sent to a child.
+SANDBOX_TOKEN = env_str("HOLDFAST_SANDBOX_TOKEN", "")
+# Max age of one connection (seconds), jittered down by up to 20% per connection. After
+# it a connection takes no new work, finishes what it runs and closes, so a host that a
+# balancer deregistered drains before its deregistration delay ends. Below 1 s is a
+# typo, not a wish: it falls back to the default.
+SANDBOX_CONNECTION_MAX_AGE_S = env_float("HOLDFAST_CONNECTION_MAX_AGE_S", 120.0, minimum=1.0)
+# Jitter spreads retirements so a worker's connections do not all reconnect at once;
+# downward only, so the max age stays an upper bound the balancer can be sized against.
+SANDBOX_CONNECTION_MAX_AGE_JITTER = 0.2
+# Executions sharing one connection. The host runs each in its own child process, so
+# this bounds the fan-in per socket, not CPU (the host has its own admission limit).
+SANDBOX_PER_CONNECTION_LIMIT = env_int("HOLDFAST_PER_CONNECTION_LIMIT", 8, minimum=1)
+# Connections per worker process. With the limit above this caps executions in flight.
+SANDBOX_MAX_CONNECTIONS = env_int("HOLDFAST_MAX_CONNECTIONS", 8, minimum=1)
+# How long an execution waits for a free slot before failing "at capacity".
+SANDBOX_ACQUIRE_TIMEOUT_S = env_float("HOLDFAST_ACQUIRE_TIMEOUT_S", 30.0, minimum=0.0)
+# TCP connect + WebSocket handshake + authentication, per attempt.
+SANDBOX_CONNECT_TIMEOUT_S = env_float("HOLDFAST_CONNECT_TIMEOUT_S", 10.0, minimum=0.1)
+# An execution whose connection was closing before it was sent never left the worker;
+# it moves to another connection at most this many times (DESIGN.md: 3).
+SANDBOX_MAX_MOVES = 3
+# The pool's own backstop over the host's timeout: the host kills the child at the
+# timeout and answers; this covers a host that never answers at all.
+SANDBOX_RESULT_GRACE_S = env_float("HOLDFAST_RESULT_GRACE_S", 10.0, minimum=1.0)
+
+# --- Executions ----------------------------------------------------------------------
+
+EXECUTION_DEFAULT_TIMEOUT_S = env_float("HOLDFAST_EXECUTION_TIMEOUT_S", 10.0, minimum=0.1)
+# 256 MiB is enough for ordinary Python and small data; a hog hits MemoryError quickly.
+EXECUTION_DEFAULT_MEMORY_MB = env_int("HOLDFAST_EXECUTION_MEMORY_MB", 256, minimum=32)
+# Largest snippet accepted (bytes). The host bounds frames too; refusing here is clearer.
+EXECUTION_MAX_CODE_BYTES = env_int("HOLDFAST_EXECUTION_MAX_CODE_BYTES", 256 * 1024, minimum=1024)
+# A row still 'running' this long after its timeout lost its worker (SIGKILL, power):
+# the sweep marks it interrupted. It may have run, so it is never re-sent.
+EXECUTION_STALE_GRACE_S = env_float("HOLDFAST_EXECUTION_STALE_GRACE_S", 120.0, minimum=10.0)
+# A row still 'queued' this long had its message lost (crash between commit and
+# publish): the sweep publishes it again; the CAS claim makes a duplicate harmless.
+EXECUTION_REQUEUE_AFTER_S = env_float("HOLDFAST_EXECUTION_REQUEUE_AFTER_S", 60.0, minimum=5.0)

@@ -1,0 +1,265 @@
+"""The worker <-> sandbox host wire protocol: typed frames, encoded as JSON text frames.
+
+Pure functions, no I/O: both sides import this module, and its tests feed it strings.
+Documented frame by frame in ``docs/protocol.md``.
+
+Compatibility rules (a worker of release N works with a host of release N-1 and the
+reverse):
+
+* every frame carries ``v`` (the sender's protocol version) and ``type``;
+* a receiver ignores fields it does not know, so a newer sender may add fields;
+* a receiver answers an unknown ``type`` with an ``error`` frame (code
+  ``unknown_type``) and keeps the connection, so a newer sender can probe;
+* a field is never removed or given a new meaning within a major version.
+
+Errors::
+
+    ProtocolError            a frame that cannot be accepted; carries ``code``
+      (codes: malformed_json, not_an_object, missing_field, bad_field, unknown_type)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 1
+
+# Limits
+# The first frame must be ``auth`` and must arrive within this many raw bytes, counted on
+# the TCP socket from the first byte (the HTTP handshake included). 16 KiB holds any
+# honest handshake plus the token; more means a client is making us buffer for nothing.
+PRE_AUTH_MAX_BYTES = 16 * 1024
+# Largest frame accepted after authentication (the snippet is the bulk of it).
+MAX_FRAME_BYTES = 1024 * 1024
+# Output kept per stream per execution; the rest is dropped and a marker appended.
+MAX_OUTPUT_BYTES = 1024 * 1024
+OUTPUT_TRUNCATED_MARKER = "\n[holdfast: output truncated at {limit} bytes]\n"
+# Longest execution id accepted: ids are ours (UUIDs), anything longer is forged.
+MAX_ID_CHARS = 64
+
+# Statuses a host reports for an execution it ran.
+RESULT_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+
+# Error codes the host may put in an ``error`` frame.
+ERROR_CODES = frozenset(
+    {
+        "malformed_json",
+        "not_an_object",
+        "missing_field",
+        "bad_field",
+        "unknown_type",
+        "unauthenticated",
+        "auth_failed",
+        "auth_timeout",
+        "frame_too_large",
+        "duplicate_id",
+        "unknown_id",
+        "at_capacity",
+        "internal",
+    }
+)
+
+
+class ProtocolError(ValueError):
+    """A frame that cannot be accepted. ``code`` is one of ``ERROR_CODES``."""
+
+    def __init__(self, code: str, message: str, *, frame_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.frame_id = frame_id
+
+
+@dataclass(frozen=True)
+class Frame:
+    type: ClassVar[str] = ""
+    # Field name -> expected Python type, checked by ``decode``.
+    required: ClassVar[dict[str, type | tuple[type, ...]]] = {}
+
+
+# --- client -> host -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Auth(Frame):
+    """First frame on every connection. The token is compared in constant time."""
+
+    type: ClassVar[str] = "auth"
+    required: ClassVar[dict] = {"token": str}
+    token: str
+    client: str = ""  # free-form, for the host's logs: "worker pid=123"
+
+    def __repr__(self) -> str:  # never print the token
+        return f"Auth(client={self.client!r})"
+
+
+@dataclass(frozen=True)
+class Execute(Frame):
+    """Run ``code`` in a fresh child process and answer with one ``result``."""
+
+    type: ClassVar[str] = "execute"
+    required: ClassVar[dict] = {"id": str, "code": str, "timeout_ms": int, "memory_mb": int}
+    id: str
+    code: str
+    timeout_ms: int
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class Cancel(Frame):
+    """Kill the execution's process group; the host answers its ``result`` (cancelled)."""
+
+    type: ClassVar[str] = "cancel"
+    required: ClassVar[dict] = {"id": str}
+    id: str
+
+
+# --- host -> client -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuthOk(Frame):
+    type: ClassVar[str] = "auth_ok"
+    required: ClassVar[dict] = {"host_id": str}
+    host_id: str
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class Started(Frame):
+    """The child for ``id`` exists. Informational: the pool treats an execution as
+    possibly run as soon as it sent the frame, whether or not this arrived."""
+
+    type: ClassVar[str] = "started"
+    required: ClassVar[dict] = {"id": str}
+    id: str
+
+
+@dataclass(frozen=True)
+class Result(Frame):
+    type: ClassVar[str] = "result"
+    required: ClassVar[dict] = {"id": str, "status": str}
+    id: str
+    status: str
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    duration_ms: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class NotStarted(Frame):
+    """The host refused ``id`` before creating any process for it (draining, at
+    capacity). It provably never ran, so the pool may send it elsewhere."""
+
+    type: ClassVar[str] = "not_started"
+    required: ClassVar[dict] = {"id": str, "reason": str}
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Draining(Frame):
+    """The host got SIGTERM: take no new work on this connection; in-flight work
+    finishes within ``grace_ms``."""
+
+    type: ClassVar[str] = "draining"
+    required: ClassVar[dict] = {}
+    grace_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Error(Frame):
+    """Bad input. ``id`` names the execution when the frame could be tied to one."""
+
+    type: ClassVar[str] = "error"
+    required: ClassVar[dict] = {"code": str, "message": str}
+    code: str
+    message: str
+    id: str | None = None
+
+
+FRAME_TYPES: dict[str, type[Frame]] = {
+    cls.type: cls for cls in (Auth, Execute, Cancel, AuthOk, Started, Result, NotStarted, Draining, Error)
+}
+
+
+def encode(frame: Frame) -> str:
+    """Serialise a frame to the text of one WebSocket message."""
+    body: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": frame.type}
+    body.update(asdict(frame))
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode(text: str | bytes) -> Frame:
+    """Parse one message into a typed frame, ignoring unknown fields.
+
+    Raises ``ProtocolError`` with a code the host can echo in an ``error`` frame.
+    """
+    try:
+        body = json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError("malformed_json", f"frame is not valid JSON: {exc.__class__.__name__}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("not_an_object", "frame must be a JSON object")
+    kind = body.get("type")
+    frame_id = body.get("id") if isinstance(body.get("id"), str) else None
+    if not isinstance(kind, str):
+        raise ProtocolError("missing_field", "frame has no 'type'", frame_id=frame_id)
+    cls = FRAME_TYPES.get(kind)
+    if cls is None:
+        raise ProtocolError("unknown_type", f"unknown frame type {kind[:40]!r}", frame_id=frame_id)
+    for name, expected in cls.required.items():
+        if name not in body:
+            raise ProtocolError("missing_field", f"{kind} frame has no {name!r}", frame_id=frame_id)
+        value = body[name]
+        # bool is an int in Python; a JSON true is never a valid count.
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ProtocolError("bad_field", f"{kind}.{name} has the wrong type", frame_id=frame_id)
+    known = {f for f in cls.__dataclass_fields__}
+    kwargs = {k: v for k, v in body.items() if k in known}
+    if "id" in kwargs and isinstance(kwargs["id"], str) and not _valid_id(kwargs["id"]):
+        raise ProtocolError("bad_field", f"{kind}.id is not a valid id", frame_id=None)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # an optional field of the wrong shape is still our error
+        raise ProtocolError("bad_field", f"{kind} frame: {exc}", frame_id=frame_id) from None
+
+
+def _valid_id(value: str) -> bool:
+    return 0 < len(value) <= MAX_ID_CHARS and all(c.isalnum() or c in "-_" for c in value)
+
+
+def truncate_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
+    """Cap ``text`` at ``limit`` UTF-8 bytes, appending a marker when anything was cut."""
+    raw = text.encode("utf-8", errors="replace")
+    if len(raw) <= limit:
+        return text
+    kept = raw[:limit].decode("utf-8", errors="ignore")
+    return kept + OUTPUT_TRUNCATED_MARKER.format(limit=limit)
+
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "PRE_AUTH_MAX_BYTES",
+    "MAX_FRAME_BYTES",
+    "MAX_OUTPUT_BYTES",
+    "ProtocolError",
+    "Frame",
+    "Auth",
+    "Execute",
+    "Cancel",
+    "AuthOk",
+    "Started",
+    "Result",
+    "NotStarted",
+    "Draining",
+    "Error",
+    "encode",
+    "decode",
+    "truncate_output",
+]

@@ -1,0 +1,14 @@
+"""Test settings: the production parts (PostgreSQL, Redis), unless the environment says
+otherwise. Each developer or CI job may point DATABASE_URL and CELERY_BROKER_URL at its
+own database and Redis db number to run suites side by side."""
+
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/holdfast")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/9")
+os.environ.setdefault("HOLDFAST_CACHE_URL", os.environ["CELERY_BROKER_URL"].rsplit("/", 1)[0] + "/10")
+
+from controlplane.settings import *  # noqa: E402,F403
+
+# Test accounts are created and thrown away by the hundred; a slow hasher wastes minutes.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
