@@ -8,7 +8,7 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/holdfa
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/9")
 os.environ.setdefault("HOLDFAST_CACHE_URL", os.environ["CELERY_BROKER_URL"].rsplit("/", 1)[0] + "/10")
 
-from controlplane.settings import *  # noqa: E402,F403
+from controlplane.settings import *  # noqa: F403
 
 # Test accounts are created and thrown away by the hundred; a slow hasher wastes minutes.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

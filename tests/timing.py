@@ -12,7 +12,9 @@ def scaled(seconds: float) -> float:
     return seconds * FACTOR
 
 
-def wait_until(predicate: Callable[[], object], *, timeout: float = 10.0, interval: float = 0.05, what: str = "") -> object:
+def wait_until(
+    predicate: Callable[[], object], *, timeout: float = 10.0, interval: float = 0.05, what: str = ""
+) -> object:
     """Poll ``predicate`` until it returns something truthy; fail after the scaled timeout."""
     deadline = time.monotonic() + scaled(timeout)
     while True:
