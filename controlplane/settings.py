@@ -264,3 +264,40 @@ EXECUTION_STALE_GRACE_S = env_float("HOLDFAST_EXECUTION_STALE_GRACE_S", 120.0, m
 # A row still 'queued' this long had its message lost (crash between commit and
 # publish): the sweep publishes it again; the CAS claim makes a duplicate harmless.
 EXECUTION_REQUEUE_AFTER_S = env_float("HOLDFAST_EXECUTION_REQUEUE_AFTER_S", 60.0, minimum=5.0)
+
+# --- Runs ----------------------------------------------------------------------------
+
+# Where a runner inside a sandbox reaches this control plane's internal API (the web
+# process, or the balancer in front of it). Passed to the host at launch, never guessed
+# by the runner.
+RUNS_CONTROL_PLANE_URL = env_str("HOLDFAST_CONTROL_PLANE_URL", "http://127.0.0.1:8000")
+# Dotted path of the callable that builds the launch driver (controlplane.runs.launcher).
+# Empty means runs cannot be launched yet: the task retries, then fails the run clearly.
+RUNS_LAUNCH_DRIVER = env_str("HOLDFAST_RUNS_LAUNCH_DRIVER", "")
+# Attempts to hand a claimed run to a host. Every attempt is safe to repeat because the
+# host launches at most one sandbox per run id; the cap only bounds a host-less outage.
+RUNS_LAUNCH_MAX_ATTEMPTS = env_int("HOLDFAST_RUNS_LAUNCH_MAX_ATTEMPTS", 5, minimum=1)
+# Seconds between launch attempts (doubled per attempt): hosts restart in seconds.
+RUNS_LAUNCH_RETRY_DELAY_S = env_float("HOLDFAST_RUNS_LAUNCH_RETRY_DELAY_S", 5.0, minimum=0.0)
+# A job's wall-clock limit (seconds) when it names none, and the most it may ask for.
+RUNS_DEFAULT_TIMEOUT_S = env_int("HOLDFAST_RUNS_DEFAULT_TIMEOUT_S", 3600, minimum=1)
+RUNS_MAX_TIMEOUT_S = env_int("HOLDFAST_RUNS_MAX_TIMEOUT_S", 24 * 3600, minimum=1)
+# Events per batch. The runner sends at most 50; ten times that leaves room for an older
+# or newer runner without letting one request hold the run's lock for long.
+RUNS_MAX_EVENTS_PER_BATCH = env_int("HOLDFAST_RUNS_MAX_EVENTS_PER_BATCH", 500, minimum=1)
+# Bytes of one events body. The runner caps a batch near 900 KiB after redaction.
+RUNS_MAX_EVENTS_BODY_BYTES = env_int("HOLDFAST_RUNS_MAX_EVENTS_BODY_BYTES", 1024 * 1024, minimum=1024)
+# Bytes of a session-state archive and of a transcript. Both are stored in the database
+# (one row per run and kind), so they are bounded well below PostgreSQL's 1 GB bytea.
+RUNS_MAX_SESSION_STATE_BYTES = env_int("HOLDFAST_RUNS_MAX_SESSION_STATE_BYTES", 64 * 1024 * 1024, minimum=1024)
+RUNS_MAX_TRANSCRIPT_BYTES = env_int("HOLDFAST_RUNS_MAX_TRANSCRIPT_BYTES", 32 * 1024 * 1024, minimum=1024)
+# Bytes of the small JSON bodies (hello, push-token) and of a result (its summary).
+RUNS_MAX_SMALL_BODY_BYTES = 16 * 1024
+RUNS_MAX_RESULT_BODY_BYTES = env_int("HOLDFAST_RUNS_MAX_RESULT_BODY_BYTES", 256 * 1024, minimum=1024)
+# Characters of a run's error text kept on the row (after redaction): a diagnosis, not a log.
+RUNS_MAX_ERROR_CHARS = 4000
+# Lifetime of a push token (seconds): long enough for one push, short enough that a
+# leaked one is soon worthless. Tokens are also revoked when the run ends.
+RUNS_PUSH_TOKEN_TTL_S = env_int("HOLDFAST_RUNS_PUSH_TOKEN_TTL_S", 15 * 60, minimum=30)
+# Push tokens one run may hold (one per request key): a runner loop cannot mint without end.
+RUNS_MAX_PUSH_TOKENS_PER_RUN = env_int("HOLDFAST_RUNS_MAX_PUSH_TOKENS_PER_RUN", 64, minimum=1)
