@@ -12,3 +12,7 @@ from controlplane.settings import *  # noqa: F403
 
 # Test accounts are created and thrown away by the hundred; a slow hasher wastes minutes.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# One queue per test session: a message left over from an earlier, aborted run must
+# never be picked up by this run's workers.
+CELERY_TASK_DEFAULT_QUEUE = os.environ.setdefault("HOLDFAST_CELERY_QUEUE", f"holdfast-test-{os.getpid()}")

@@ -1,0 +1,108 @@
+"""State changes of an Execution. Every transition is a compare-and-set on the status,
+so a redelivered Celery message, a late result and an operator's cancel cannot
+overwrite each other."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.executions.models import Execution, Status
+from controlplane.sandbox.outcome import CANCELLED, Outcome
+
+log = logging.getLogger("holdfast.executions")
+
+
+def create(code: str, *, owner: str, timeout_s: float | None, memory_mb: int | None) -> Execution:
+    timeout_s = settings.EXECUTION_DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
+    memory_mb = settings.EXECUTION_DEFAULT_MEMORY_MB if memory_mb is None else int(memory_mb)
+    if not isinstance(code, str) or not code.strip():
+        raise ValueError("code must be a non-empty string")
+    if len(code.encode()) > settings.EXECUTION_MAX_CODE_BYTES:
+        raise ValueError(f"code is larger than {settings.EXECUTION_MAX_CODE_BYTES} bytes")
+    if not 0 < timeout_s <= settings.EXECUTION_MAX_TIMEOUT_S:
+        raise ValueError(f"timeout_s must be in (0, {settings.EXECUTION_MAX_TIMEOUT_S:g}]")
+    if not 32 <= memory_mb <= 16384:
+        raise ValueError("memory_mb must be between 32 and 16384")
+    return Execution.objects.create(
+        owner=owner or "anonymous", code=code, timeout_ms=int(timeout_s * 1000), memory_mb=memory_mb
+    )
+
+
+def claim(execution_id: str, worker: str) -> bool:
+    """queued -> running. Exactly one claimant wins; a redelivered task finds 0 rows."""
+    return bool(
+        Execution.objects.filter(pk=execution_id, status=Status.QUEUED).update(
+            status=Status.RUNNING, started_at=timezone.now(), worker=worker[:200]
+        )
+    )
+
+
+def finish(execution_id: str, outcome: Outcome) -> bool:
+    """running -> terminal, once. Returns whether this call recorded the outcome."""
+    updated = Execution.objects.filter(pk=execution_id, status=Status.RUNNING).update(
+        status=outcome.status,
+        exit_code=outcome.exit_code,
+        stdout=outcome.stdout,
+        stderr=outcome.stderr,
+        error=outcome.error,
+        duration_ms=outcome.duration_ms or None,
+        host_id=outcome.host_id,
+        attempts=F("attempts") + outcome.attempts,
+        finished_at=timezone.now(),
+    )
+    return bool(updated)
+
+
+def request_cancel(execution_id: str) -> str:
+    """Cancel a queued execution outright, or ask its worker to stop a running one.
+    Returns the status after the request."""
+    now = timezone.now()
+    if Execution.objects.filter(pk=execution_id, status=Status.QUEUED).update(
+        status=Status.CANCELLED, error=CANCELLED, cancel_requested_at=now, finished_at=now
+    ):
+        return Status.CANCELLED
+    Execution.objects.filter(pk=execution_id, status=Status.RUNNING, cancel_requested_at__isnull=True).update(
+        cancel_requested_at=now
+    )
+    return Execution.objects.values_list("status", flat=True).get(pk=execution_id)
+
+
+def cancel_requested(execution_id: str) -> bool:
+    return Execution.objects.filter(pk=execution_id, cancel_requested_at__isnull=False).exists()
+
+
+def sweep(now=None) -> dict[str, int]:
+    """Repair what a crash left behind; both repairs are safe to repeat.
+
+    * queued too long: its message may be lost (crash between commit and publish), so
+      publish again; the claim's compare-and-set makes a duplicate harmless;
+    * running far past its timeout: its worker died (SIGKILL, power). It may have run on
+      a host, so it is never re-sent: it is marked interrupted.
+    """
+    from controlplane.executions.tasks import run_execution
+
+    now = now or timezone.now()
+    requeue_before = now - timedelta(seconds=settings.EXECUTION_REQUEUE_AFTER_S)
+    requeued = 0
+    for pk in Execution.objects.filter(status=Status.QUEUED, created_at__lt=requeue_before).values_list(
+        "pk", flat=True
+    )[:500]:
+        run_execution.delay(str(pk))
+        requeued += 1
+    interrupted = 0
+    grace = timedelta(seconds=settings.EXECUTION_STALE_GRACE_S + settings.SANDBOX_RESULT_GRACE_S)
+    for row in Execution.objects.filter(status=Status.RUNNING).only("pk", "started_at", "timeout_ms")[:500]:
+        if row.started_at and row.started_at + timedelta(milliseconds=row.timeout_ms) + grace < now:
+            interrupted += Execution.objects.filter(pk=row.pk, status=Status.RUNNING, started_at=row.started_at).update(
+                status=Status.INTERRUPTED,
+                error="Code execution was interrupted because its worker stopped while it ran",
+                finished_at=now,
+            )
+    if requeued or interrupted:
+        log.info("event=executions_swept requeued=%d interrupted=%d", requeued, interrupted)
+    return {"requeued": requeued, "interrupted": interrupted}

@@ -1,0 +1,123 @@
+"""The Python API services call: ``execute`` (blocking) and ``submit`` (async).
+
+Both go the full path: a row, a Celery task, a worker's pool, a host. ``execute`` waits
+on the row, so it works from any process that reaches the database, with or without a
+pool of its own.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controlplane.sandbox.outcome import CANCELLED
+
+# The caller's wait beyond the execution's own timeout: queueing, connecting, moves.
+WAIT_MARGIN_S = 60.0
+# Row polling: quick at first for short snippets, then backing off to spare the database.
+POLL_FIRST_S = 0.02
+POLL_MAX_S = 0.5
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    id: str | None
+    status: str
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    error: str = ""
+    host_id: str = ""
+    attempts: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+
+Cancel = Callable[[], bool] | object | None
+
+
+def _is_cancelled(cancel: Cancel) -> bool:
+    if cancel is None:
+        return False
+    is_set = getattr(cancel, "is_set", None)  # threading.Event
+    if callable(is_set):
+        return bool(is_set())
+    if callable(cancel):
+        return bool(cancel())
+    return False
+
+
+def submit(code: str, *, owner: str, timeout_s: float | None = None, memory_mb: int | None = None) -> uuid.UUID:
+    """Queue ``code`` and return the execution id; a Celery task runs it after commit."""
+    from django.db import transaction
+
+    from controlplane.executions import actions
+    from controlplane.executions.tasks import run_execution
+
+    with transaction.atomic():
+        row = actions.create(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
+        # Publish only once the row is visible to the worker that will claim it.
+        transaction.on_commit(lambda: run_execution.delay(str(row.pk)))
+    return row.pk
+
+
+def execute(
+    code: str,
+    *,
+    owner: str,
+    timeout_s: float | None = None,
+    memory_mb: int | None = None,
+    cancel: Cancel = None,
+    wait_s: float | None = None,
+) -> ExecutionResult:
+    """Run ``code`` and wait for its result. ``cancel`` is a ``threading.Event`` or a
+    callable; a call already cancelled returns at once without touching the database or
+    the network."""
+    if _is_cancelled(cancel):
+        return ExecutionResult(id=None, status="cancelled", error=CANCELLED)
+    from controlplane.executions import actions
+    from controlplane.executions.models import TERMINAL, Execution
+
+    execution_id = submit(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
+    row = Execution.objects.only("timeout_ms").get(pk=execution_id)
+    deadline = time.monotonic() + (wait_s if wait_s is not None else row.timeout_ms / 1000 + WAIT_MARGIN_S)
+    delay = POLL_FIRST_S
+    cancel_sent = False
+    while True:
+        row = Execution.objects.get(pk=execution_id)
+        if row.status in TERMINAL:
+            return _result(row)
+        if not cancel_sent and (_is_cancelled(cancel) or time.monotonic() > deadline):
+            # The caller gave up: make sure it does not run later with nobody listening.
+            actions.request_cancel(str(execution_id))
+            cancel_sent = True
+            deadline = time.monotonic() + WAIT_MARGIN_S
+        elif cancel_sent and time.monotonic() > deadline:
+            return _result(row)
+        time.sleep(delay)
+        delay = min(delay * 1.5, POLL_MAX_S)
+
+
+def cancel(execution_id: str) -> str:
+    from controlplane.executions import actions
+
+    return actions.request_cancel(execution_id)
+
+
+def _result(row) -> ExecutionResult:
+    return ExecutionResult(
+        id=str(row.pk),
+        status=row.status,
+        stdout=row.stdout,
+        stderr=row.stderr,
+        exit_code=row.exit_code,
+        duration_ms=row.duration_ms,
+        error=row.error,
+        host_id=row.host_id,
+        attempts=row.attempts,
+    )

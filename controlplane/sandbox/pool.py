@@ -1,0 +1,360 @@
+"""The sandbox connection pool: one per worker process.
+
+Rules it implements (DESIGN.md, "Executions"):
+
+* connections go to one configured address (a balancer or one host) and are retired at
+  a max age jittered *down* by up to 20%, so a host a balancer deregistered drains
+  before its deregistration delay ends;
+* an execution whose connection was closing when it was dispatched, or that the host
+  answered ``not_started``, never ran: it moves to another connection, at most 3 times;
+* an execution that may have reached the host is never re-run: a drop fails it as
+  interrupted;
+* a call cancelled before dispatch, or made with no pool configured, returns at once,
+  before any network or settings look-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controlplane.sandbox import outcome as texts
+from controlplane.sandbox.connection import CLOSED, OPEN, RETIRING, ConnectFailed, HostConnection, Pending
+from controlplane.sandbox.outcome import ExecRequest, Outcome
+from sandbox_host import protocol
+
+log = logging.getLogger("holdfast.pool")
+
+# How often the housekeeper looks for connections past their max age. A second is far
+# below any max age we accept (>= 1 s) and costs nothing with a handful of connections.
+HOUSEKEEPING_INTERVAL_S = 0.5
+# How long a cancelled execution waits for the host's answer before giving up on it.
+CANCEL_ACK_WAIT_S = 5.0
+# Poll slice while waiting for a result, so a caller's cancel is seen promptly.
+WAIT_SLICE_S = 0.1
+
+CancelCheck = Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    url: str
+    token: str
+    max_age_s: float
+    max_age_jitter: float
+    per_connection_limit: int
+    max_connections: int
+    acquire_timeout_s: float
+    connect_timeout_s: float
+    max_moves: int
+    result_grace_s: float
+
+    @classmethod
+    def from_settings(cls) -> PoolConfig:
+        from django.conf import settings
+
+        return cls(
+            url=settings.SANDBOX_URL,
+            token=settings.SANDBOX_TOKEN,
+            max_age_s=settings.SANDBOX_CONNECTION_MAX_AGE_S,
+            max_age_jitter=settings.SANDBOX_CONNECTION_MAX_AGE_JITTER,
+            per_connection_limit=settings.SANDBOX_PER_CONNECTION_LIMIT,
+            max_connections=settings.SANDBOX_MAX_CONNECTIONS,
+            acquire_timeout_s=settings.SANDBOX_ACQUIRE_TIMEOUT_S,
+            connect_timeout_s=settings.SANDBOX_CONNECT_TIMEOUT_S,
+            max_moves=settings.SANDBOX_MAX_MOVES,
+            result_grace_s=settings.SANDBOX_RESULT_GRACE_S,
+        )
+
+    def missing(self) -> str:
+        if not self.url:
+            return "HOLDFAST_SANDBOX_URL"
+        if not self.token:
+            return "HOLDFAST_SANDBOX_TOKEN"
+        return ""
+
+
+class _AtCapacity(Exception):
+    pass
+
+
+class SandboxPool:
+    def __init__(self, config: PoolConfig, *, rng: random.Random | None = None) -> None:
+        self.config = config
+        self._rng = rng or random.Random()
+        self._lock = threading.Condition()
+        self._connections: list[HostConnection] = []
+        self._opening = 0
+        self._closed = False
+        self._housekeeper: threading.Thread | None = None
+        self._client = f"worker pid={os.getpid()}"
+
+    # --- public --------------------------------------------------------------------
+
+    def run(self, request: ExecRequest, *, cancel: CancelCheck | None = None) -> Outcome:
+        """Run one execution to its end. Never raises for the execution's own fate."""
+        # Cheap local answers first: nothing here may wait on the network.
+        if cancel is not None and cancel():
+            return Outcome.system("cancelled", texts.CANCELLED, attempts=0)
+        missing = self.config.missing()
+        if missing:
+            return Outcome.system("failed", texts.MISCONFIGURED.format(missing=missing), attempts=0)
+        self._ensure_housekeeper()
+        deadline = time.monotonic() + self.config.acquire_timeout_s
+        moves = 0
+        while True:
+            try:
+                conn = self._acquire(deadline, cancel)
+            except _AtCapacity:
+                return Outcome.system(
+                    "failed", texts.AT_CAPACITY.format(seconds=self.config.acquire_timeout_s), attempts=moves + 1
+                )
+            except ConnectFailed as exc:
+                return Outcome.system(
+                    "failed", texts.CONNECT_FAILED.format(url=self.config.url, reason=exc), attempts=moves + 1
+                )
+            if conn is None:  # cancelled while waiting for a slot: nothing was sent
+                return Outcome.system("cancelled", texts.CANCELLED, attempts=moves + 1)
+            pending = conn.dispatch(request)
+            if pending is not None:
+                result = self._await(conn, pending, request, cancel, attempts=moves + 1)
+                if result is not None:
+                    return result
+            # It never left this process (or the host refused it before creating a child).
+            moves += 1
+            log.info("event=execution_moved execution_id=%s from_host_id=%s moves=%d", request.id, conn.host_id, moves)
+            if moves > self.config.max_moves:
+                return Outcome.system("failed", texts.NOT_PLACED.format(moves=self.config.max_moves), attempts=moves)
+            if cancel is not None and cancel():
+                return Outcome.system("cancelled", texts.CANCELLED, attempts=moves)
+
+    def snapshot(self) -> list[dict]:
+        """Per connection: host, state, age, in flight. For the drain page and tests."""
+        with self._lock:
+            conns = list(self._connections)
+        return [
+            {
+                "host_id": c.host_id,
+                "state": c.state,
+                "age_s": round(c.age(), 3),
+                "max_age_s": round(c.max_age_s, 3),
+                "in_flight": c.in_flight,
+                "finished": c.finished_count,
+            }
+            for c in conns
+        ]
+
+    def retire_host(self, host_id: str, reason: str = "operator drain") -> int:
+        """Retire every connection to ``host_id`` now rather than at max age."""
+        with self._lock:
+            targets = [c for c in self._connections if c.host_id == host_id and c.state == OPEN]
+        for conn in targets:
+            conn.retire(reason)
+        return len(targets)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns = list(self._connections)
+            self._lock.notify_all()
+        for conn in conns:
+            conn.close("pool closed")
+
+    # --- internals -----------------------------------------------------------------
+
+    def _acquire(self, deadline: float, cancel: CancelCheck | None) -> HostConnection | None:
+        backoff = 0.05
+        last_error: ConnectFailed | None = None
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise ConnectFailed("pool closed")
+                self._prune()
+                best = self._least_loaded()
+                if best is not None:
+                    return best
+                # Retiring connections do not count: a replacement may open while they drain.
+                live = sum(1 for c in self._connections if c.state == OPEN) + self._opening
+                may_open = live < self.config.max_connections
+                if may_open:
+                    self._opening += 1
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise _AtCapacity()
+                    self._lock.wait(min(remaining, WAIT_SLICE_S))
+            if cancel is not None and cancel():
+                return None
+            if not may_open:
+                continue
+            conn = self._new_connection()
+            try:
+                conn.connect(self.config.token, timeout_s=self.config.connect_timeout_s, client=self._client)
+            except ConnectFailed as exc:
+                last_error = exc
+                log.warning("event=connect_failed url=%s reason=%r", self.config.url, str(exc))
+                with self._lock:
+                    self._opening -= 1
+                    self._lock.notify_all()
+                # A restarting balancer or host refuses for a moment; keep trying until the
+                # caller's deadline, then report the last reason.
+                if time.monotonic() + backoff > deadline:
+                    raise last_error from None
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            with self._lock:
+                self._opening -= 1
+                self._connections.append(conn)
+                self._lock.notify_all()
+
+    def _new_connection(self) -> HostConnection:
+        # Jitter down only: the max age stays an upper bound the balancer is sized against.
+        jitter = 1.0 - self._rng.random() * self.config.max_age_jitter
+        return HostConnection(
+            self.config.url,
+            max_age_s=self.config.max_age_s * jitter,
+            limit=self.config.per_connection_limit,
+            on_change=self._changed,
+        )
+
+    def _least_loaded(self) -> HostConnection | None:
+        candidates = [c for c in self._connections if c.can_take()]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda c: c.in_flight)
+
+    def _prune(self) -> None:
+        self._connections = [c for c in self._connections if c.state != CLOSED]
+
+    def _changed(self) -> None:
+        with self._lock:
+            self._lock.notify_all()
+
+    def _await(
+        self,
+        conn: HostConnection,
+        pending: Pending,
+        request: ExecRequest,
+        cancel: CancelCheck | None,
+        *,
+        attempts: int,
+    ) -> Outcome | None:
+        """Wait for the host's answer. ``None`` means it answered not_started: movable."""
+        backstop = time.monotonic() + request.timeout_ms / 1000 + self.config.result_grace_s
+        try:
+            while not pending.done.wait(WAIT_SLICE_S):
+                if cancel is not None and cancel():
+                    conn.cancel(request.id)
+                    pending.done.wait(CANCEL_ACK_WAIT_S)
+                    return self._finish(conn, pending, attempts, cancelled=True)
+                if time.monotonic() > backstop:
+                    conn.cancel(request.id)
+                    return Outcome.system(
+                        "timed_out",
+                        texts.TIMED_OUT.format(ms=request.timeout_ms),
+                        host_id=conn.host_id,
+                        attempts=attempts,
+                        sent=True,
+                    )
+            return self._finish(conn, pending, attempts)
+        finally:
+            conn.forget(request.id)
+
+    def _finish(
+        self, conn: HostConnection, pending: Pending, attempts: int, *, cancelled: bool = False
+    ) -> Outcome | None:
+        frame = pending.frame
+        if isinstance(frame, protocol.NotStarted):
+            return None
+        if isinstance(frame, protocol.Result):
+            return Outcome(
+                status=frame.status,
+                exit_code=frame.exit_code,
+                stdout=frame.stdout,
+                stderr=frame.stderr,
+                duration_ms=frame.duration_ms,
+                error=frame.error,
+                host_id=conn.host_id,
+                attempts=attempts,
+                sent=True,
+            )
+        if cancelled:
+            return Outcome.system("cancelled", texts.CANCELLED, host_id=conn.host_id, attempts=attempts, sent=True)
+        if isinstance(frame, protocol.Error):
+            return Outcome.system(
+                "failed",
+                f"The sandbox host refused the execution: {frame.message}",
+                host_id=conn.host_id,
+                attempts=attempts,
+                sent=True,
+            )
+        # The socket dropped after the frame was sent: it may have run. Never re-run it.
+        log.warning("event=execution_interrupted execution_id=%s host_id=%s", pending.request.id, conn.host_id)
+        return Outcome.system("interrupted", texts.INTERRUPTED, host_id=conn.host_id, attempts=attempts, sent=True)
+
+    # --- housekeeping --------------------------------------------------------------
+
+    def _ensure_housekeeper(self) -> None:
+        if self._housekeeper is not None and self._housekeeper.is_alive():
+            return
+        with self._lock:
+            if self._housekeeper is not None and self._housekeeper.is_alive():
+                return
+            self._housekeeper = threading.Thread(target=self._housekeep, name="holdfast-pool-housekeeper", daemon=True)
+            self._housekeeper.start()
+
+    def _housekeep(self) -> None:
+        # Idle connections must age out too: a deregistered host keeps an idle socket
+        # open forever otherwise, and the balancer cuts it at the end of its delay.
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                conns = list(self._connections)
+            for conn in conns:
+                if conn.state == OPEN and conn.expired():
+                    conn.retire("max age")
+                elif conn.state == RETIRING and conn.in_flight == 0:
+                    conn.close("retired")
+            time.sleep(HOUSEKEEPING_INTERVAL_S)
+
+
+# --- the process-wide pool ------------------------------------------------------------
+
+_pool: SandboxPool | None = None
+_pool_lock = threading.Lock()
+
+
+def get_pool() -> SandboxPool:
+    """The pool of this process, built from settings on first use."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = SandboxPool(PoolConfig.from_settings())
+        return _pool
+
+
+def reset_pool() -> None:
+    """Drop this process's pool (tests, and a forked child that must not share sockets)."""
+    global _pool
+    with _pool_lock:
+        old, _pool = _pool, None
+    if old is not None:
+        old.close()
+
+
+def _after_fork() -> None:
+    global _pool
+    # A forked child must not use its parent's sockets or threads; start afresh.
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+__all__ = ["CLOSED", "OPEN", "RETIRING", "PoolConfig", "SandboxPool", "get_pool", "reset_pool"]

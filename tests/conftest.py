@@ -1,0 +1,24 @@
+"""Fixtures shared by the suite. Real parts only: PostgreSQL, Redis, host and worker
+processes on loopback ports (see tests/support/)."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+
+@pytest.fixture
+def sandbox_token() -> str:
+    return "hf-test-" + secrets.token_hex(16)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _purge_test_queue() -> None:
+    """Drop messages an aborted earlier run may have left in this session's queue."""
+    from django.conf import settings
+
+    if settings.CELERY_BROKER_URL.startswith("redis://"):
+        import redis
+
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)
