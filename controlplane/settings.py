@@ -205,6 +205,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(_BROKER_DIR / "queue"),
         "processed_folder": str(_BROKER_DIR / "processed"),
         "store_processed": False,
+        # The filesystem transport polls; a tenth of a second keeps the main job snappy.
+        "polling_interval": 0.1,
     }
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT_S}

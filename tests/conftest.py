@@ -22,3 +22,17 @@ def _purge_test_queue() -> None:
         import redis
 
         redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory a sandboxed child (which may run under another uid) can write to,
+    so a test can count how many times a snippet really ran."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="holdfast-test-", dir="/tmp"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -58,7 +58,9 @@ def start_worker(env: dict[str, str], *, concurrency: int = 8) -> Iterator[Worke
         {
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             # The test database pytest-django created, not the one it was named after.
-            "DATABASE_URL": f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+            "DATABASE_URL": (
+                f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+            ),
             "PYTHONUNBUFFERED": "1",
         }
     )

@@ -45,7 +45,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
-        if result.error and result.status != "failed" or (result.status == "failed" and result.exit_code is None):
+        if (result.error and result.status != "failed") or (result.status == "failed" and result.exit_code is None):
             sys.stderr.write(f"holdfast: {result.status}: {result.error}\n")
         sys.stdout.flush()
         sys.stderr.flush()
