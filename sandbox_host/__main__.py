@@ -1,0 +1,91 @@
+"""``python -m sandbox_host --listen HOST:PORT [--host-id ID] [--drain-grace-s N]``.
+
+The token comes from ``HOLDFAST_SANDBOX_TOKEN`` only (never argv, which ``ps`` shows).
+Exit codes: 0 after a SIGTERM drain, 2 for a usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import secrets
+import signal
+import socket
+import sys
+
+from . import defaults
+from .isolation import probe
+from .log import log
+from .server import Host, Settings
+
+TOKEN_ENV = "HOLDFAST_SANDBOX_TOKEN"  # noqa: S105 - the variable name, not a token
+PR_SET_DUMPABLE = 4
+
+
+def _parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError("expected HOST:PORT, e.g. 127.0.0.1:8765 (PORT may be 0)")
+    return host, int(port)
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return number
+
+
+def _make_non_dumpable() -> None:
+    """With PR_SET_DUMPABLE 0, /proc/<our pid>/environ and /mem are owned by root and
+    unreadable to other uids (and ptrace is refused), so user code that finds our pid
+    still cannot read the token from our environment."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sandbox_host", description="Holdfast sandbox host")
+    parser.add_argument("--listen", type=_parse_listen, required=True, help="HOST:PORT to listen on")
+    parser.add_argument("--host-id", default=None, help="id reported to clients (default: random)")
+    parser.add_argument(
+        "--drain-grace-s",
+        type=_positive,
+        default=defaults.DEFAULT_DRAIN_GRACE_S,
+        help="seconds in-flight executions get after SIGTERM",
+    )
+    args = parser.parse_args(argv)
+
+    # Taken out of our environment so no child we start can inherit it by accident.
+    token = os.environ.pop(TOKEN_ENV, "")
+    if not token:
+        print(f"holdfast-host: {TOKEN_ENV} is empty; refusing to start without a token", file=sys.stderr)
+        return 2
+    _make_non_dumpable()
+    host_id = args.host_id or secrets.token_hex(4)
+
+    drain = []
+    signal.signal(signal.SIGTERM, lambda *_: drain and drain[0].set())
+
+    isolation = probe(log)
+    listener = socket.create_server(args.listen, backlog=128)
+    address, port = listener.getsockname()[:2]
+    host = Host(
+        listener=listener,
+        token=token,
+        host_id=host_id,
+        isolation=isolation,
+        settings=Settings(drain_grace_s=args.drain_grace_s),
+    )
+    drain.append(host.drain_requested)
+    log("host_listening", address=f"{address}:{port}", host_id=host_id, isolation=isolation.name)
+    print(f"holdfast-host listening ws://{address}:{port} host_id={host_id} isolation={isolation.name}", flush=True)
+    host.serve()
+    log("host_exited", host_id=host_id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

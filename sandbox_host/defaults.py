@@ -1,0 +1,47 @@
+"""Every tunable of the sandbox host, once, with its unit and the reason for it.
+
+Wire limits (pre-auth bytes, frame size, output cap) live in ``protocol`` because both
+sides must agree on them; what only the host decides lives here.
+"""
+
+# Timeouts
+# A client has this long from its first byte to authenticate. Long enough for a worker
+# on a loaded machine, short enough that idle half-open sockets cannot pile up.
+DEFAULT_AUTH_TIMEOUT_S = 10.0
+# SIGTERM grace: in-flight executions get this long to finish before they are killed.
+# Executions are seconds long; 60 s covers the longest we allow with room to spare.
+DEFAULT_DRAIN_GRACE_S = 60.0
+# After a close frame, wait this long for the client's close before dropping the socket.
+DEFAULT_CLOSE_TIMEOUT_S = 2.0
+# A client that does not read its results for this long is dropped (socket send timeout).
+DEFAULT_SEND_TIMEOUT_S = 30.0
+# How often blocking loops wake to look at deadlines and the drain flag.
+DEFAULT_POLL_INTERVAL_S = 0.1
+# After a child exits, keep reading its pipes this long for output still in flight
+# (a grandchild that escaped the group could otherwise hold them open forever).
+DEFAULT_PIPE_DRAIN_S = 1.0
+# The start-up isolation probe runs one trivial child per candidate for at most this long.
+DEFAULT_PROBE_TIMEOUT_S = 10.0
+
+# Limits
+# Executions running at once on this host (admission limit); beyond it the host answers
+# ``not_started(at_capacity)`` so the pool can go elsewhere. Two cores run 32 short
+# snippets at once without starving the server threads.
+DEFAULT_MAX_CONCURRENT = 32
+# Processes (threads included) a child may have: enough for a snippet that uses a pool
+# of workers, few enough that a fork bomb hits the wall at once. Per uid, and each
+# execution slot has its own uid when the host runs as root.
+DEFAULT_MAX_PROCESSES = 64
+# Largest file a child may write, in bytes: its temp dir is on the host's disk.
+DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
+# Open file descriptors per child process.
+DEFAULT_MAX_OPEN_FILES = 256
+# The CPU-time limit is the wall-clock timeout plus this many seconds: the wall clock
+# decides (``timed_out``); the CPU limit is the backstop if the host itself stalls.
+DEFAULT_CPU_MARGIN_S = 1
+# First uid of the unprivileged range children run under when the host is root; slot N
+# runs as FIRST + N, so RLIMIT_NPROC (counted per uid) is per execution.
+DEFAULT_CHILD_UID_BASE = 61000
+# Interpreters tried for user code when the host's own is out of an unprivileged uid's
+# reach (a venv under /root, mode 0700): the system's.
+DEFAULT_FALLBACK_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")

@@ -1,0 +1,118 @@
+"""The host: a listening socket, one thread per connection, and the SIGTERM drain.
+
+Drain, in order (DESIGN.md, Host): stop accepting (the listening socket is closed, so
+new connections are refused by the kernel); refuse new executions with
+``not_started(draining)`` before any process exists; tell every authenticated client
+``draining``; let in-flight executions finish within the grace period and kill what is
+left after it (their results are still sent); close every connection with 1001; return,
+and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from . import defaults, protocol
+from .connection import CLOSE_GOING_AWAY, Connection
+from .executions import Admission
+from .isolation import Isolation
+from .log import log
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Timeouts
+    auth_timeout_s: float = defaults.DEFAULT_AUTH_TIMEOUT_S
+    drain_grace_s: float = defaults.DEFAULT_DRAIN_GRACE_S
+    close_timeout_s: float = defaults.DEFAULT_CLOSE_TIMEOUT_S
+    send_timeout_s: float = defaults.DEFAULT_SEND_TIMEOUT_S
+    poll_interval_s: float = defaults.DEFAULT_POLL_INTERVAL_S
+    # Limits
+    max_concurrent: int = defaults.DEFAULT_MAX_CONCURRENT
+
+
+class Host:
+    def __init__(
+        self, *, listener: socket.socket, token: str, host_id: str, isolation: Isolation, settings: Settings
+    ) -> None:
+        self.listener = listener
+        self.token = token
+        self.host_id = host_id
+        self.isolation = isolation
+        self.settings = settings
+        self.admission = Admission(settings.max_concurrent)
+        self.drain_requested = threading.Event()
+        self._lock = threading.Lock()
+        self._connections: set[Connection] = set()
+        self._authenticated: set[Connection] = set()
+        self._draining = False
+        self._ids = itertools.count(1)
+
+    # --- connection registry -----------------------------------------------------
+
+    def mark_authenticated(self, conn: Connection) -> bool:
+        """Register ``conn`` for drain notices; returns whether the host is draining.
+        Under the same lock as the drain's snapshot, so no client misses both the
+        ``draining`` flag in ``auth_ok`` and the ``draining`` frame."""
+        with self._lock:
+            self._authenticated.add(conn)
+            return self._draining
+
+    def forget(self, conn: Connection) -> None:
+        with self._lock:
+            self._connections.discard(conn)
+            self._authenticated.discard(conn)
+
+    # --- serving -----------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Accept connections until a drain is requested, then drain and return."""
+        self.listener.setblocking(False)
+        while not self.drain_requested.is_set():
+            readable, _, _ = select.select([self.listener], [], [], self.settings.poll_interval_s)
+            if not readable:
+                continue
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                continue
+            sock.setblocking(True)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Connection(self, sock, f"{addr[0]}:{addr[1]}", f"c{next(self._ids)}")
+            with self._lock:
+                self._connections.add(conn)
+            log("connection_opened", conn=conn.id, peer=conn.peer)
+            conn.thread.start()
+        self.drain()
+
+    def drain(self) -> None:
+        grace_s = self.settings.drain_grace_s
+        # Closing the listener first: from here the kernel refuses new connections.
+        self.listener.close()
+        self.admission.start_draining()
+        with self._lock:
+            self._draining = True
+            notify = list(self._authenticated)
+        in_flight = self.admission.in_flight()
+        log("draining_started", grace_ms=int(grace_s * 1000), connections=len(notify), in_flight=in_flight)
+        for conn in notify:
+            conn.send(protocol.Draining(grace_ms=int(grace_s * 1000)))
+        killed = 0
+        if not self.admission.wait_idle(grace_s):
+            killed = self.admission.in_flight()
+            error = f"Execution was killed: the sandbox host's drain grace of {grace_s:g} s ran out"
+            self.admission.stop_all("failed", error)
+            self.admission.wait_idle(self.settings.close_timeout_s + 5)
+        with self._lock:
+            conns = list(self._connections)
+        for conn in conns:
+            conn.close(CLOSE_GOING_AWAY, "host draining")
+        deadline = time.monotonic() + self.settings.close_timeout_s + 1
+        for conn in conns:
+            conn.thread.join(max(0.0, deadline - time.monotonic()))
+        log("draining_finished", killed=killed, connections_closed=len(conns))
