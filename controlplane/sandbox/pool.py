@@ -20,6 +20,7 @@ import os
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,6 +38,9 @@ HOUSEKEEPING_INTERVAL_S = 0.5
 CANCEL_ACK_WAIT_S = 5.0
 # Poll slice while waiting for a result, so a caller's cancel is seen promptly.
 WAIT_SLICE_S = 0.1
+
+# Finishes remembered for per-host rates: enough for minutes of a busy worker.
+FINISHED_HISTORY = 10_000
 
 CancelCheck = Callable[[], bool]
 
@@ -93,6 +97,9 @@ class SandboxPool:
         self._closed = False
         self._housekeeper: threading.Thread | None = None
         self._client = f"worker pid={os.getpid()}"
+        self._hooks: list[Callable[[SandboxPool], None]] = []
+        # (monotonic time, host id) of recent finishes, for the drain page's rates.
+        self._finished: deque[tuple[float, str]] = deque(maxlen=FINISHED_HISTORY)
 
     # --- public --------------------------------------------------------------------
 
@@ -140,7 +147,9 @@ class SandboxPool:
         return [
             {
                 "host_id": c.host_id,
+                "url": c.url,
                 "state": c.state,
+                "retire_reason": c.retire_reason,
                 "age_s": round(c.age(), 3),
                 "max_age_s": round(c.max_age_s, 3),
                 "in_flight": c.in_flight,
@@ -148,6 +157,21 @@ class SandboxPool:
             }
             for c in conns
         ]
+
+    def finished_since(self, seconds: float) -> dict[str, int]:
+        """Executions answered per host id in the last ``seconds``."""
+        cutoff = time.monotonic() - seconds
+        counts: dict[str, int] = {}
+        for at, host_id in list(self._finished):
+            if at >= cutoff:
+                counts[host_id] = counts.get(host_id, 0) + 1
+        return counts
+
+    def add_housekeeping_hook(self, hook: Callable[[SandboxPool], None]) -> None:
+        """Call ``hook(pool)`` on every housekeeping tick (publishing snapshots, applying
+        operator drains). A failing hook is logged and never stops housekeeping."""
+        self._hooks.append(hook)
+        self._ensure_housekeeper()
 
     def retire_host(self, host_id: str, reason: str = "operator drain") -> int:
         """Retire every connection to ``host_id`` now rather than at max age."""
@@ -265,6 +289,8 @@ class SandboxPool:
             return self._finish(conn, pending, attempts)
         finally:
             conn.forget(request.id)
+            if pending.frame is not None:
+                self._finished.append((time.monotonic(), conn.host_id))
 
     def _finish(
         self, conn: HostConnection, pending: Pending, attempts: int, *, cancelled: bool = False
@@ -322,6 +348,11 @@ class SandboxPool:
                     conn.retire("max age")
                 elif conn.state == RETIRING and conn.in_flight == 0:
                     conn.close("retired")
+            for hook in list(self._hooks):
+                try:
+                    hook(self)
+                except Exception:
+                    log.exception("event=housekeeping_hook_failed hook=%s", getattr(hook, "__name__", hook))
             time.sleep(HOUSEKEEPING_INTERVAL_S)
 
 
