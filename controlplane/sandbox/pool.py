@@ -100,6 +100,12 @@ class SandboxPool:
         self._hooks: list[Callable[[SandboxPool], None]] = []
         # (monotonic time, host id) of recent finishes, for the drain page's rates.
         self._finished: deque[tuple[float, str]] = deque(maxlen=FINISHED_HISTORY)
+        # HOLDFAST_SANDBOX_URL is one address (a balancer, or one host) or a comma-separated
+        # list of hosts the pool dials directly, in turn.
+        self._urls = [u.strip() for u in config.url.split(",") if u.strip()]
+        self._next_url = 0
+        self._draining_ids: frozenset[str] = frozenset()
+        self._draining_urls: frozenset[str] = frozenset()
 
     # --- public --------------------------------------------------------------------
 
@@ -173,6 +179,14 @@ class SandboxPool:
         self._hooks.append(hook)
         self._ensure_housekeeper()
 
+    def set_draining(self, *, host_ids: set[str], urls: set[str] = frozenset()) -> None:
+        """Operator drains: retire connections to these hosts now rather than at max age,
+        and, where the pool dials hosts directly, open no new connection to them."""
+        self._draining_ids = frozenset(host_ids)
+        self._draining_urls = frozenset(urls)
+        for host_id in host_ids:
+            self.retire_host(host_id)
+
     def retire_host(self, host_id: str, reason: str = "operator drain") -> int:
         """Retire every connection to ``host_id`` now rather than at max age."""
         with self._lock:
@@ -236,12 +250,23 @@ class SandboxPool:
                 self._opening -= 1
                 self._connections.append(conn)
                 self._lock.notify_all()
+            if conn.host_id in self._draining_ids:
+                # Behind a balancer the pool cannot choose the host; a drained one is
+                # retired at once and the next attempt dials again.
+                conn.retire("operator drain")
+
+    def _pick_url(self) -> str:
+        candidates = [u for u in self._urls if u not in self._draining_urls] or self._urls
+        with self._lock:
+            url = candidates[self._next_url % len(candidates)]
+            self._next_url += 1
+        return url
 
     def _new_connection(self) -> HostConnection:
         # Jitter down only: the max age stays an upper bound the balancer is sized against.
         jitter = 1.0 - self._rng.random() * self.config.max_age_jitter
         return HostConnection(
-            self.config.url,
+            self._pick_url(),
             max_age_s=self.config.max_age_s * jitter,
             limit=self.config.per_connection_limit,
             on_change=self._changed,
