@@ -1,0 +1,329 @@
+"""Every state change of a run. Views and tasks parse and authenticate, then call these.
+
+Rules kept here (DESIGN.md, Runs):
+- Each lifecycle UPDATE is a compare-and-set on the status it expects, so a redelivered
+  task or a replayed request can never move a run twice.
+- Every terminal path goes through ``_finish``: it claims the row, revokes the run's keys
+  and push tokens, wipes its injected secrets, records a ``result`` event and seals the
+  receipt, all in one transaction. Follow-ups happen only when the claim landed.
+- Appends, artifact writes and push-token mints lock the run row first, so nothing is
+  added after the receipt is sealed and sequence numbers have no gaps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from . import credentials, receipts
+from .errors import (
+    BatchKeyConflict,
+    InstanceConflict,
+    LimitReached,
+    RequestKeyConflict,
+    RunNotFound,
+    RunTerminal,
+    SessionStateMissing,
+    Unauthorized,
+)
+from .jobs import validate_job, validate_owner, validate_secrets
+from .models import (
+    LIVE_STATUSES,
+    PushToken,
+    Receipt,
+    Run,
+    RunArtifact,
+    RunEvent,
+    RunEventBatch,
+    RunStatus,
+)
+from .redaction import diagnostic, run_redactor
+
+logger = logging.getLogger(__name__)
+
+
+# --- creation and launch ----------------------------------------------------------------
+
+
+def create_run(owner: str, job: dict, secrets: dict[str, str] | None = None) -> Run:
+    """A queued run. It has no key yet: the launch key is minted when a task claims it
+    (``claim_for_launch``), so nothing secret exists before a host is about to need it."""
+    return Run.objects.create(
+        owner=validate_owner(owner),
+        job=validate_job(job),
+        secrets=validate_secrets(secrets or {}),
+        token_salt=credentials.new_salt(),
+    )
+
+
+@dataclass(frozen=True)
+class LaunchClaim:
+    run_id: str
+    launch_key: str
+    # True when the run was already provisioning without a hello: a redelivered task asks
+    # the host again, which is safe because the host launches at most once per run id.
+    relaunch: bool
+
+
+def claim_for_launch(run_id: object) -> LaunchClaim | None:
+    """Claim a queued run (queued -> provisioning) and mint its launch key.
+
+    The key is derived (credentials.py), so only its hash is written, in the same
+    compare-and-set that claims the row. Returns None when there is nothing to launch:
+    the run is running, ended, cancelled or missing.
+    """
+    run = Run.objects.filter(pk=run_id).only("id", "token_salt").first()
+    if run is None:
+        return None
+    key = credentials.derive(credentials.LAUNCH, str(run.id), run.token_salt)
+    claimed = Run.objects.filter(pk=run.id, status=RunStatus.QUEUED).update(
+        status=RunStatus.PROVISIONING, launch_key_hash=credentials.digest(key), provisioned_at=timezone.now()
+    )
+    if claimed:
+        return LaunchClaim(str(run.id), key, relaunch=False)
+    if Run.objects.filter(pk=run.id, status=RunStatus.PROVISIONING, instance_id="").exists():
+        return LaunchClaim(str(run.id), key, relaunch=True)
+    return None
+
+
+# --- the runner's calls -----------------------------------------------------------------
+
+
+def runner_hello(run_id: object, instance_id: str) -> str:
+    """Claim provisioning -> running for ``instance_id``; return its session token.
+
+    Idempotent per instance: a replay by the instance that won gets the same token
+    (derived, not stored); any other instance gets ``InstanceConflict``.
+    """
+    run = _get(run_id)
+    token = credentials.derive(credentials.SESSION, str(run.id), run.token_salt, instance_id)
+    claimed = Run.objects.filter(pk=run.id, status=RunStatus.PROVISIONING, instance_id="").update(
+        status=RunStatus.RUNNING,
+        instance_id=instance_id,
+        session_token_hash=credentials.digest(token),
+        started_at=timezone.now(),
+    )
+    if claimed:
+        return token
+    run.refresh_from_db(fields=["status", "instance_id"])
+    if run.is_terminal:
+        raise RunTerminal(run.status)
+    if run.status == RunStatus.RUNNING:
+        if run.instance_id == instance_id:
+            return token
+        raise InstanceConflict()
+    # Queued: no launch key exists yet, so nothing could have authenticated this call.
+    raise Unauthorized()
+
+
+def bundle(run: Run) -> dict:
+    return {"run_id": str(run.id), "job": {**run.job, "secrets": dict(run.secrets or {})}}
+
+
+@dataclass(frozen=True)
+class EventIn:
+    type: str
+    data: dict
+    ts: datetime
+
+
+def append_events(run_id: object, batch_key: str, events: list[EventIn]) -> tuple[int, int]:
+    """Append one batch; return (first_seq, count). A replayed batch key returns the
+    original answer and adds nothing; the same key with other events is refused."""
+    batch_sha256 = hashlib.sha256(receipts.canonical([[e.type, e.data, e.ts.isoformat()] for e in events])).hexdigest()
+    with transaction.atomic():
+        # The lock serialises appends (and the terminal claim) per run. On SQLite it is a
+        # no-op, and the IMMEDIATE transaction serialises every writer instead.
+        run = _locked_live(run_id)
+        batch = RunEventBatch.objects.filter(run=run, batch_key=batch_key).first()
+        if batch is not None:
+            if batch.events_sha256 != batch_sha256:
+                raise BatchKeyConflict()
+            return batch.first_seq, batch.count
+        first_seq = _next_seq(run)
+        RunEvent.objects.bulk_create(
+            RunEvent(run=run, seq=first_seq + i, type=e.type, data=e.data, ts=e.ts, batch_key=batch_key)
+            for i, e in enumerate(events)
+        )
+        RunEventBatch.objects.create(
+            run=run, batch_key=batch_key, first_seq=first_seq, count=len(events), events_sha256=batch_sha256
+        )
+    return first_seq, len(events)
+
+
+def save_artifact(run_id: object, kind: str, data: bytes) -> str:
+    """Store the run's session state or transcript (last writer wins); return its URI."""
+    with transaction.atomic():
+        run = _locked_live(run_id)
+        RunArtifact.objects.update_or_create(
+            run=run,
+            kind=kind,
+            defaults={
+                "data": data,
+                "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "updated_at": timezone.now(),
+            },
+        )
+    return artifact_uri(run.id, kind)
+
+
+def artifact_uri(run_id: object, kind: str) -> str:
+    return f"holdfast://runs/{run_id}/{kind}"
+
+
+def load_session_state(run_id: object) -> bytes:
+    data = (
+        RunArtifact.objects.filter(run_id=run_id, kind=RunArtifact.Kind.SESSION_STATE)
+        .values_list("data", flat=True)
+        .first()
+    )
+    if data is None:
+        raise SessionStateMissing()
+    return bytes(data)
+
+
+def mint_push_token(run_id: object, request_key: str, scope: str) -> tuple[str, datetime]:
+    """The push token for ``request_key``: minted once (one row), the same on replay."""
+    with transaction.atomic():
+        run = _locked_live(run_id)
+        token = credentials.derive(credentials.PUSH, str(run.id), run.token_salt, request_key)
+        existing = PushToken.objects.filter(run=run, request_key=request_key).first()
+        if existing is not None:
+            if existing.scope != scope:
+                raise RequestKeyConflict()
+            return token, existing.expires_at
+        if PushToken.objects.filter(run=run).count() >= settings.RUNS_MAX_PUSH_TOKENS_PER_RUN:
+            raise LimitReached(f"at most {settings.RUNS_MAX_PUSH_TOKENS_PER_RUN} push tokens per run")
+        expires_at = timezone.now() + timedelta(seconds=settings.RUNS_PUSH_TOKEN_TTL_S)
+        PushToken.objects.create(
+            run=run,
+            request_key=request_key,
+            scope=scope,
+            token_hash=credentials.digest(token),
+            expires_at=expires_at,
+        )
+    return token, expires_at
+
+
+def check_push_token(token: str, scope: str) -> Run | None:
+    """The live run a push token belongs to, if it is unexpired, unrevoked and scoped
+    to ``scope``; None otherwise. For whatever accepts pushes."""
+    row = (
+        PushToken.objects.select_related("run")
+        .filter(token_hash=credentials.digest(token), scope=scope, revoked_at__isnull=True)
+        .filter(expires_at__gt=timezone.now())
+        .first()
+    )
+    if row is None or row.run.is_terminal:
+        return None
+    return row.run
+
+
+def record_result(run_id: object, status: str, *, exit_code: int | None, error: str, summary: dict) -> Receipt:
+    """The runner's verdict: terminal, receipt sealed, keys revoked. A second verdict
+    (a replay, or a race with cancel or reconcile) raises ``RunTerminal`` with the
+    recorded status."""
+    receipt = _finish(run_id, status, exit_code=exit_code, error=error, summary=summary)
+    if receipt is None:
+        raise RunTerminal(_get(run_id).status)
+    return receipt
+
+
+# --- operator and reconcile paths -----------------------------------------------------
+
+
+def cancel_run(run_id: object, reason: str = "cancelled by operator") -> bool:
+    """Cancel a live run. True when this call claimed it. (Stopping its sandbox is the
+    host's part and is wired with the host.)"""
+    return _finish(run_id, RunStatus.CANCELLED, error=reason) is not None
+
+
+def fail_run(run_id: object, error: str, guard: Q | None = None) -> bool:
+    """Fail a live run, only if ``guard`` (ANDed into the claim) still holds.
+
+    Returns whether this call claimed the row; key revocation and sealing happen only
+    then, so a caller acting on a stale snapshot (reconcile) can never end a run whose
+    state moved under it, nor repeat another caller's follow-ups.
+    """
+    return _finish(run_id, RunStatus.FAILED, error=error, guard=guard) is not None
+
+
+# --- internals ------------------------------------------------------------------------
+
+
+def _get(run_id: object) -> Run:
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        raise RunNotFound()
+    return run
+
+
+def _locked_live(run_id: object) -> Run:
+    run = Run.objects.select_for_update().filter(pk=run_id).first()
+    if run is None:
+        raise RunNotFound()
+    if run.is_terminal:
+        raise RunTerminal(run.status)
+    return run
+
+
+def _next_seq(run: Run) -> int:
+    return (RunEvent.objects.filter(run=run).aggregate(m=Max("seq"))["m"] or 0) + 1
+
+
+def _finish(
+    run_id: object,
+    status: str,
+    *,
+    exit_code: int | None = None,
+    error: str = "",
+    summary: dict | None = None,
+    guard: Q | None = None,
+) -> Receipt | None:
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise RunNotFound()
+        if run.is_terminal:
+            return None
+        # The error text and summary leave the event stream (admin, show_run, logs):
+        # redact them while the run's secrets and keys are still known.
+        redactor = run_redactor(run)
+        error = redactor.text(error)[: settings.RUNS_MAX_ERROR_CHARS]
+        summary = redactor.value(summary or {})
+        now = timezone.now()
+        claim = Run.objects.filter(pk=run.id, status__in=LIVE_STATUSES)
+        if guard is not None:
+            claim = claim.filter(guard)
+        claimed = claim.update(
+            status=status,
+            exit_code=exit_code,
+            error=error,
+            summary=summary,
+            finished_at=now,
+            key_revoked_at=now,
+            secrets={},
+        )
+        if not claimed:
+            return None
+        PushToken.objects.filter(run=run, revoked_at__isnull=True).update(revoked_at=now)
+        RunEvent.objects.create(
+            run=run,
+            seq=_next_seq(run),
+            type="result",
+            data={"status": status, "exit_code": exit_code, "error": error},
+            ts=now,
+        )
+        run.refresh_from_db()
+        receipt = receipts.seal(run)
+        line = diagnostic(run, "run_finished", {"status": status, "exit_code": exit_code})
+    logger.info("%s", line)
+    return receipt

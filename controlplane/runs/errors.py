@@ -1,0 +1,146 @@
+"""The runs app's error tree, and the code each error carries to the HTTP edge.
+
+::
+
+    RunsError                      code            HTTP
+    ├── Unauthorized               unauthorized    401  bearer missing, wrong or revoked
+    ├── RunNotFound                not_found       404  no such run (or a forged id)
+    ├── SessionStateMissing        no_session_state 404 nothing saved yet: a cold start
+    ├── MethodNotAllowed           method_not_allowed 405
+    ├── BadRequest                 bad_request     400  malformed JSON or fields
+    ├── TooLarge                   too_large       413  body or batch over its bound
+    └── Conflict                                   409
+        ├── RunTerminal            run_terminal         the run already ended (carries its status)
+        ├── InstanceConflict       instance_conflict    another runner instance said hello
+        ├── BatchKeyConflict       batch_key_conflict   a batch key reused for other events
+        ├── RequestKeyConflict     request_key_conflict a push-token key reused for another scope
+        └── LimitReached           limit_reached        too many push tokens for one run
+
+Messages are fixed text written here or field names: never a value the caller sent,
+so no secret can travel back in an error body or into a log line.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    NO_SESSION_STATE = "no_session_state"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    BAD_REQUEST = "bad_request"
+    TOO_LARGE = "too_large"
+    RUN_TERMINAL = "run_terminal"
+    INSTANCE_CONFLICT = "instance_conflict"
+    BATCH_KEY_CONFLICT = "batch_key_conflict"
+    REQUEST_KEY_CONFLICT = "request_key_conflict"
+    LIMIT_REACHED = "limit_reached"
+
+
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.NO_SESSION_STATE: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.TOO_LARGE: 413,
+    ErrorCode.RUN_TERMINAL: 409,
+    ErrorCode.INSTANCE_CONFLICT: 409,
+    ErrorCode.BATCH_KEY_CONFLICT: 409,
+    ErrorCode.REQUEST_KEY_CONFLICT: 409,
+    ErrorCode.LIMIT_REACHED: 409,
+}
+
+
+class RunsError(Exception):
+    code: ErrorCode = ErrorCode.BAD_REQUEST
+    default_message = "request refused"
+
+    def __init__(self, message: str | None = None) -> None:
+        self.message = message or self.default_message
+        super().__init__(self.message)
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+    def body(self) -> dict:
+        return {"error": {"code": str(self.code), "message": self.message}}
+
+
+class Unauthorized(RunsError):
+    code = ErrorCode.UNAUTHORIZED
+    default_message = "missing or invalid credentials"
+
+
+class RunNotFound(RunsError):
+    code = ErrorCode.NOT_FOUND
+    default_message = "no such run"
+
+
+class SessionStateMissing(RunsError):
+    code = ErrorCode.NO_SESSION_STATE
+    default_message = "no session state saved for this run"
+
+
+class MethodNotAllowed(RunsError):
+    code = ErrorCode.METHOD_NOT_ALLOWED
+    default_message = "method not allowed"
+
+    def __init__(self, allowed: list[str]) -> None:
+        self.allowed = allowed
+        super().__init__(f"allowed: {', '.join(allowed)}")
+
+
+class BadRequest(RunsError):
+    code = ErrorCode.BAD_REQUEST
+    default_message = "malformed request"
+
+
+class TooLarge(RunsError):
+    code = ErrorCode.TOO_LARGE
+    default_message = "request too large"
+
+    def __init__(self, limit: int, what: str = "body") -> None:
+        self.limit = limit
+        super().__init__(f"{what} over its limit of {limit}")
+
+
+class Conflict(RunsError):
+    code = ErrorCode.RUN_TERMINAL  # overridden by every leaf
+
+
+class RunTerminal(Conflict):
+    code = ErrorCode.RUN_TERMINAL
+    default_message = "the run has ended; its keys are revoked"
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+        super().__init__()
+
+    def body(self) -> dict:
+        # The recorded verdict rides along so a runner replaying its result can tell
+        # "mine was recorded" from "another verdict won" without another call.
+        return {**super().body(), "status": self.status}
+
+
+class InstanceConflict(Conflict):
+    code = ErrorCode.INSTANCE_CONFLICT
+    default_message = "another runner instance already claimed this run"
+
+
+class BatchKeyConflict(Conflict):
+    code = ErrorCode.BATCH_KEY_CONFLICT
+    default_message = "this batch key was already used for different events"
+
+
+class RequestKeyConflict(Conflict):
+    code = ErrorCode.REQUEST_KEY_CONFLICT
+    default_message = "this request key was already used for another scope"
+
+
+class LimitReached(Conflict):
+    code = ErrorCode.LIMIT_REACHED
+    default_message = "limit reached"

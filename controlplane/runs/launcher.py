@@ -1,0 +1,88 @@
+"""The seam between the launch task and a sandbox host.
+
+The task calls ``launch_on_host``; a driver carries the request to a host. The real
+driver (over the worker's WebSocket pool) is wired by the host work; tests inject one.
+
+Host contract (what any driver must guarantee):
+- A launch starts ``python -m runner`` detached in its own sandbox (the isolation of
+  executions) with exactly three inputs: the run id, the launch key (the only secret it
+  gets) and the control plane's URL.
+- **Launch is idempotent by run id.** A second launch for a run id the host has already
+  started (whether its sandbox still runs or has exited) starts nothing and answers with
+  the first launch's sandbox (``already_launched=True``). The task relies on this: a
+  redelivered or retried launch for a run still provisioning asks again.
+- The launch key is never logged, never written to the host's disk outside the sandbox,
+  and never passed to anything but the runner.
+
+Errors::
+
+    LaunchError
+    ├── LaunchNotConfigured   no driver is configured (settings.RUNS_LAUNCH_DRIVER)
+    ├── LaunchUnavailable     no host could be reached, or it is draining: retry later
+    └── LaunchRefused         a host refused this launch for good: the run fails
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+
+class LaunchError(Exception):
+    code = "launch_error"
+
+
+class LaunchNotConfigured(LaunchError):
+    code = "launch_not_configured"
+
+
+class LaunchUnavailable(LaunchError):
+    code = "launch_unavailable"
+
+
+class LaunchRefused(LaunchError):
+    code = "launch_refused"
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    run_id: str
+    # repr=False: a request printed in a traceback or a log must not show the key.
+    launch_key: str = field(repr=False)
+    control_plane_url: str
+
+
+@dataclass(frozen=True)
+class LaunchAck:
+    host_id: str
+    sandbox_ref: str = ""
+    already_launched: bool = False
+
+
+class LaunchDriver(Protocol):
+    def launch(self, request: LaunchRequest) -> LaunchAck: ...
+
+
+_override: LaunchDriver | None = None
+
+
+def set_driver(driver: LaunchDriver | None) -> None:
+    """Install ``driver`` for this process (tests, or the lead's wiring); None restores
+    the configured one."""
+    global _override
+    _override = driver
+
+
+def get_driver() -> LaunchDriver:
+    if _override is not None:
+        return _override
+    if not settings.RUNS_LAUNCH_DRIVER:
+        raise LaunchNotConfigured("no launch driver configured (HOLDFAST_RUNS_LAUNCH_DRIVER)")
+    return import_string(settings.RUNS_LAUNCH_DRIVER)()
+
+
+def launch_on_host(run_id: str, launch_key: str, control_plane_url: str) -> LaunchAck:
+    return get_driver().launch(LaunchRequest(run_id, launch_key, control_plane_url))

@@ -1,0 +1,159 @@
+"""Runs, their events, receipts and per-run credentials.
+
+Status moves only forward, and only by compare-and-set on the status it was read in::
+
+    queued -> provisioning -> running -> succeeded | failed | cancelled | interrupted
+       \\            \\-> (any terminal)          (terminal statuses are final)
+        \\-> cancelled
+
+Keys live on the row as SHA-256 hashes only (see credentials.py); ``secrets`` holds the
+job's injected environment until the run ends, when it is wiped with the keys revoked.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    PROVISIONING = "provisioning"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
+LIVE_STATUSES = (RunStatus.QUEUED, RunStatus.PROVISIONING, RunStatus.RUNNING)
+TERMINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.INTERRUPTED)
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.CharField(max_length=200, db_index=True)
+    # {"kind": "shell"|"python", "command"|"source": str, "inputs": {str: str}, "timeout_s": int}
+    job = models.JSONField()
+    # Injected environment values for the job. Never shown by the admin, never logged;
+    # wiped when the run ends (nothing may fetch them after that anyway).
+    secrets = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED, db_index=True)
+    host_id = models.CharField(max_length=200, blank=True, default="")
+    # The runner instance that said hello first; every later hello must match it.
+    instance_id = models.CharField(max_length=128, blank=True, default="")
+    # Mixed into every derived token of this run (credentials.py); not secret by itself.
+    token_salt = models.CharField(max_length=64)
+    launch_key_hash = models.CharField(max_length=64, blank=True, default="")
+    session_token_hash = models.CharField(max_length=64, blank=True, default="")
+    key_revoked_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    exit_code = models.IntegerField(null=True, blank=True)
+    summary = models.JSONField(default=dict, blank=True)
+    # Sandbox bookkeeping for reconcile (e.g. {"lossObservedAt": ...}).
+    sandbox = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    provisioned_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"run {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class RunEvent(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # 1, 2, 3, ... per run without gaps: assigned under the run's row lock.
+    seq = models.BigIntegerField()
+    type = models.CharField(max_length=64)
+    data = models.JSONField(default=dict, blank=True)
+    ts = models.DateTimeField()
+    batch_key = models.CharField(max_length=128, blank=True, default="")
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="runs_event_seq_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.type}"
+
+
+class RunEventBatch(models.Model):
+    """One accepted events batch: a replay with the same key returns this answer."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="event_batches")
+    batch_key = models.CharField(max_length=128)
+    first_seq = models.BigIntegerField()
+    count = models.IntegerField()
+    # SHA-256 of the batch's canonical events: the same key with other events is refused.
+    events_sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "batch_key"], name="runs_batch_key_unique")]
+
+
+class RunArtifact(models.Model):
+    """The run's latest session state or transcript; the last writer wins."""
+
+    class Kind(models.TextChoices):
+        SESSION_STATE = "session-state"
+        TRANSCRIPT = "transcript"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    data = models.BinaryField()
+    size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "kind"], name="runs_artifact_kind_unique")]
+
+
+class PushToken(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="push_tokens")
+    request_key = models.CharField(max_length=128)
+    scope = models.CharField(max_length=200)
+    token_hash = models.CharField(max_length=64, db_index=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "request_key"], name="runs_push_request_key_unique")]
+
+
+class ReceiptChain(models.Model):
+    """The head of one owner's receipt chain; its row lock serialises sealing."""
+
+    owner = models.CharField(max_length=200, unique=True)
+    length = models.BigIntegerField(default=0)
+    head_sha256 = models.CharField(max_length=64, blank=True, default="")
+
+
+class Receipt(models.Model):
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="receipt")
+    owner = models.CharField(max_length=200)
+    # 1, 2, 3, ... per owner: the receipt's place in its owner's chain.
+    chain_index = models.BigIntegerField()
+    payload = models.JSONField()
+    payload_sha256 = models.CharField(max_length=64)
+    previous_sha256 = models.CharField(max_length=64, blank=True, default="")
+    sha256 = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["owner", "chain_index"]
+        constraints = [models.UniqueConstraint(fields=["owner", "chain_index"], name="runs_receipt_chain_unique")]
+
+    def __str__(self) -> str:
+        return f"receipt {self.sha256[:12]} for {self.run_id}"

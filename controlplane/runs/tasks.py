@@ -1,0 +1,65 @@
+"""Celery tasks for runs. They take ids and call actions (STYLE habit 5)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+
+from . import actions, launcher
+from .models import Run, RunStatus
+
+log = logging.getLogger("holdfast.runs")
+
+# The only runs a failed launch may fail: still provisioning and never greeted by a
+# runner. A runner that said hello meanwhile proves the launch worked after all.
+_UNGREETED = Q(status=RunStatus.PROVISIONING, instance_id="")
+
+
+def enqueue_launch(run_id: object) -> None:
+    """Publish ``launch_run`` once the surrounding transaction commits, so the worker
+    never looks for a row it cannot see yet."""
+    transaction.on_commit(lambda: launch_run.delay(str(run_id)))
+
+
+@shared_task(name="controlplane.runs.tasks.launch_run", bind=True, acks_late=True, max_retries=None)
+def launch_run(self, run_id: str) -> None:
+    # Claim before asking a host: a redelivered message for a run that is already
+    # running, ended or cancelled finds nothing to do. One still provisioning without a
+    # hello is asked again, which the host's launch-by-run-id idempotency makes safe.
+    claim = actions.claim_for_launch(run_id)
+    if claim is None:
+        log.info("event=run_launch_skipped run_id=%s", run_id)
+        return
+    try:
+        ack = launcher.launch_on_host(claim.run_id, claim.launch_key, settings.RUNS_CONTROL_PLANE_URL)
+    except (launcher.LaunchUnavailable, launcher.LaunchNotConfigured) as exc:
+        attempt = self.request.retries + 1
+        if attempt < settings.RUNS_LAUNCH_MAX_ATTEMPTS:
+            log.warning("event=run_launch_retry run_id=%s code=%s attempt=%d", run_id, exc.code, attempt)
+            raise self.retry(countdown=settings.RUNS_LAUNCH_RETRY_DELAY_S * 2 ** (attempt - 1)) from None
+        _give_up(run_id, exc.code, attempt)
+        return
+    except launcher.LaunchRefused as exc:
+        _give_up(run_id, exc.code, self.request.retries + 1)
+        return
+    # Record where it landed; only the first launch writes (a relaunch finds it set).
+    Run.objects.filter(pk=run_id, host_id="", status__in=(RunStatus.PROVISIONING, RunStatus.RUNNING)).update(
+        host_id=ack.host_id, sandbox={"ref": ack.sandbox_ref}
+    )
+    log.info(
+        "event=run_launched run_id=%s host_id=%s relaunch=%s already_launched=%s",
+        run_id,
+        ack.host_id,
+        claim.relaunch,
+        ack.already_launched,
+    )
+
+
+def _give_up(run_id: str, code: str, attempts: int) -> None:
+    # The error text is fixed (a code), never the host's words: it lands on the row.
+    claimed = actions.fail_run(run_id, f"launch failed: {code} after {attempts} attempt(s)", guard=_UNGREETED)
+    log.warning("event=run_launch_failed run_id=%s code=%s attempts=%d claimed=%s", run_id, code, attempts, claimed)
