@@ -21,7 +21,7 @@ Errors::
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 1
@@ -220,7 +220,9 @@ def decode(text: str | bytes) -> Frame:
         # bool is an int in Python; a JSON true is never a valid count.
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise ProtocolError("bad_field", f"{kind}.{name} has the wrong type", frame_id=frame_id)
-    known = {f for f in cls.__dataclass_fields__}
+    # ``fields`` and not ``__dataclass_fields__``: the latter also lists the ClassVars
+    # (``type``, ``required``), which are not constructor arguments.
+    known = {f.name for f in fields(cls)}
     kwargs = {k: v for k, v in body.items() if k in known}
     if "id" in kwargs and isinstance(kwargs["id"], str) and not _valid_id(kwargs["id"]):
         raise ProtocolError("bad_field", f"{kind}.id is not a valid id", frame_id=None)
