@@ -6,127 +6,175 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='ReceiptChain',
+            name="ReceiptChain",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('owner', models.CharField(max_length=200, unique=True)),
-                ('length', models.BigIntegerField(default=0)),
-                ('head_sha256', models.CharField(blank=True, default='', max_length=64)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("owner", models.CharField(max_length=200, unique=True)),
+                ("length", models.BigIntegerField(default=0)),
+                ("head_sha256", models.CharField(blank=True, default="", max_length=64)),
             ],
         ),
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('owner', models.CharField(db_index=True, max_length=200)),
-                ('job', models.JSONField()),
-                ('secrets', models.JSONField(blank=True, default=dict)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('provisioning', 'Provisioning'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('interrupted', 'Interrupted')], db_index=True, default='queued', max_length=16)),
-                ('host_id', models.CharField(blank=True, default='', max_length=200)),
-                ('instance_id', models.CharField(blank=True, default='', max_length=128)),
-                ('token_salt', models.CharField(max_length=64)),
-                ('launch_key_hash', models.CharField(blank=True, default='', max_length=64)),
-                ('session_token_hash', models.CharField(blank=True, default='', max_length=64)),
-                ('key_revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('error', models.TextField(blank=True, default='')),
-                ('exit_code', models.IntegerField(blank=True, null=True)),
-                ('summary', models.JSONField(blank=True, default=dict)),
-                ('sandbox', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('provisioned_at', models.DateTimeField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
+                ("owner", models.CharField(db_index=True, max_length=200)),
+                ("job", models.JSONField()),
+                ("secrets", models.JSONField(blank=True, default=dict)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("provisioning", "Provisioning"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                            ("interrupted", "Interrupted"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                ("host_id", models.CharField(blank=True, default="", max_length=200)),
+                ("instance_id", models.CharField(blank=True, default="", max_length=128)),
+                ("token_salt", models.CharField(max_length=64)),
+                ("launch_key_hash", models.CharField(blank=True, default="", max_length=64)),
+                ("session_token_hash", models.CharField(blank=True, default="", max_length=64)),
+                ("key_revoked_at", models.DateTimeField(blank=True, null=True)),
+                ("error", models.TextField(blank=True, default="")),
+                ("exit_code", models.IntegerField(blank=True, null=True)),
+                ("summary", models.JSONField(blank=True, default=dict)),
+                ("sandbox", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("provisioned_at", models.DateTimeField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Receipt',
+            name="Receipt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('owner', models.CharField(max_length=200)),
-                ('chain_index', models.BigIntegerField()),
-                ('payload', models.JSONField()),
-                ('payload_sha256', models.CharField(max_length=64)),
-                ('previous_sha256', models.CharField(blank=True, default='', max_length=64)),
-                ('sha256', models.CharField(max_length=64, unique=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('run', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='receipt', to='runs.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("owner", models.CharField(max_length=200)),
+                ("chain_index", models.BigIntegerField()),
+                ("payload", models.JSONField()),
+                ("payload_sha256", models.CharField(max_length=64)),
+                ("previous_sha256", models.CharField(blank=True, default="", max_length=64)),
+                ("sha256", models.CharField(max_length=64, unique=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "run",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="receipt", to="runs.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['owner', 'chain_index'],
-                'constraints': [models.UniqueConstraint(fields=('owner', 'chain_index'), name='runs_receipt_chain_unique')],
+                "ordering": ["owner", "chain_index"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("owner", "chain_index"), name="runs_receipt_chain_unique")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='PushToken',
+            name="PushToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('request_key', models.CharField(max_length=128)),
-                ('scope', models.CharField(max_length=200)),
-                ('token_hash', models.CharField(db_index=True, max_length=64)),
-                ('expires_at', models.DateTimeField()),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='push_tokens', to='runs.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("request_key", models.CharField(max_length=128)),
+                ("scope", models.CharField(max_length=200)),
+                ("token_hash", models.CharField(db_index=True, max_length=64)),
+                ("expires_at", models.DateTimeField()),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="push_tokens", to="runs.run"
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('run', 'request_key'), name='runs_push_request_key_unique')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("run", "request_key"), name="runs_push_request_key_unique")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='RunArtifact',
+            name="RunArtifact",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('session-state', 'Session State'), ('transcript', 'Transcript')], max_length=16)),
-                ('data', models.BinaryField()),
-                ('size', models.BigIntegerField()),
-                ('sha256', models.CharField(max_length=64)),
-                ('updated_at', models.DateTimeField()),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='artifacts', to='runs.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("session-state", "Session State"), ("transcript", "Transcript")], max_length=16
+                    ),
+                ),
+                ("data", models.BinaryField()),
+                ("size", models.BigIntegerField()),
+                ("sha256", models.CharField(max_length=64)),
+                ("updated_at", models.DateTimeField()),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="artifacts", to="runs.run"
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('run', 'kind'), name='runs_artifact_kind_unique')],
+                "constraints": [models.UniqueConstraint(fields=("run", "kind"), name="runs_artifact_kind_unique")],
             },
         ),
         migrations.CreateModel(
-            name='RunEvent',
+            name="RunEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.BigIntegerField()),
-                ('type', models.CharField(max_length=64)),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('ts', models.DateTimeField()),
-                ('batch_key', models.CharField(blank=True, default='', max_length=128)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='runs.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("seq", models.BigIntegerField()),
+                ("type", models.CharField(max_length=64)),
+                ("data", models.JSONField(blank=True, default=dict)),
+                ("ts", models.DateTimeField()),
+                ("batch_key", models.CharField(blank=True, default="", max_length=128)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="runs.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'seq'],
-                'constraints': [models.UniqueConstraint(fields=('run', 'seq'), name='runs_event_seq_unique')],
+                "ordering": ["run", "seq"],
+                "constraints": [models.UniqueConstraint(fields=("run", "seq"), name="runs_event_seq_unique")],
             },
         ),
         migrations.CreateModel(
-            name='RunEventBatch',
+            name="RunEventBatch",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('batch_key', models.CharField(max_length=128)),
-                ('first_seq', models.BigIntegerField()),
-                ('count', models.IntegerField()),
-                ('events_sha256', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='event_batches', to='runs.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("batch_key", models.CharField(max_length=128)),
+                ("first_seq", models.BigIntegerField()),
+                ("count", models.IntegerField()),
+                ("events_sha256", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="event_batches", to="runs.run"
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('run', 'batch_key'), name='runs_batch_key_unique')],
+                "constraints": [models.UniqueConstraint(fields=("run", "batch_key"), name="runs_batch_key_unique")],
             },
         ),
     ]
