@@ -1,4 +1,5 @@
-"""``python -m sandbox_host --listen HOST:PORT [--host-id ID] [--drain-grace-s N]``.
+"""``python -m sandbox_host --listen HOST:PORT [--host-id ID] [--drain-grace-s N]
+[--auth-timeout-s N] [--max-concurrent N] [--isolation NAME]``.
 
 The token comes from ``HOLDFAST_SANDBOX_TOKEN`` only (never argv, which ``ps`` shows).
 Exit codes: 0 after a SIGTERM drain, 2 for a usage or configuration error.
@@ -56,7 +57,26 @@ def main(argv: list[str] | None = None) -> int:
         default=defaults.DEFAULT_DRAIN_GRACE_S,
         help="seconds in-flight executions get after SIGTERM",
     )
+    parser.add_argument(
+        "--auth-timeout-s",
+        type=_positive,
+        default=defaults.DEFAULT_AUTH_TIMEOUT_S,
+        help="seconds a new connection has to authenticate",
+    )
+    parser.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=defaults.DEFAULT_MAX_CONCURRENT,
+        help="executions run at once; more are answered not_started(at_capacity)",
+    )
+    parser.add_argument(
+        "--isolation",
+        default="auto",
+        help="auto (the strongest that works), or a name to require: bwrap, unshare, unshare-user, rlimits",
+    )
     args = parser.parse_args(argv)
+    if args.max_concurrent < 1:
+        parser.error("--max-concurrent must be >= 1")
 
     # Taken out of our environment so no child we start can inherit it by accident.
     token = os.environ.pop(TOKEN_ENV, "")
@@ -69,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     drain = []
     signal.signal(signal.SIGTERM, lambda *_: drain and drain[0].set())
 
-    isolation = probe(log)
+    try:
+        isolation = probe(log, require=None if args.isolation == "auto" else args.isolation)
+    except RuntimeError as exc:
+        print(f"holdfast-host: {exc}", file=sys.stderr)
+        return 2
     listener = socket.create_server(args.listen, backlog=128)
     address, port = listener.getsockname()[:2]
     host = Host(
@@ -77,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         token=token,
         host_id=host_id,
         isolation=isolation,
-        settings=Settings(drain_grace_s=args.drain_grace_s),
+        settings=Settings(
+            drain_grace_s=args.drain_grace_s,
+            auth_timeout_s=args.auth_timeout_s,
+            max_concurrent=args.max_concurrent,
+        ),
     )
     drain.append(host.drain_requested)
     log("host_listening", address=f"{address}:{port}", host_id=host_id, isolation=isolation.name)

@@ -136,9 +136,12 @@ def works(isolation: Isolation) -> tuple[bool, str]:
     return True, ""
 
 
-def probe(log: Callable[..., None]) -> Isolation:
-    """Pick the strongest isolation that works here; log every refusal and the choice."""
+def probe(log: Callable[..., None], *, require: str | None = None) -> Isolation:
+    """Pick the strongest isolation that works here (or exactly ``require``); log every
+    refusal and the choice. Raises ``RuntimeError`` when none (or not ``require``) works."""
     for isolation in candidates(is_root=os.geteuid() == 0):
+        if require is not None and isolation.name != require:
+            continue
         ok, why = works(isolation)
         if ok:
             level = "warning" if isolation.name == "rlimits" else "info"
@@ -152,4 +155,6 @@ def probe(log: Callable[..., None]) -> Isolation:
             )
             return isolation
         log("isolation_unavailable", isolation=isolation.name, reason=why)
+    if require is not None:
+        raise RuntimeError(f"isolation {require!r} is not available on this machine")
     raise RuntimeError("no isolation works, not even rlimits")  # rlimits failing means the host cannot run code
