@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from runner.redact import Redactor
 from runner.transport import TransportError
@@ -37,6 +37,10 @@ DEFAULT_BATCH_MAX_EVENTS = 50
 DEFAULT_BATCH_MAX_BYTES = 900 * 1024
 # Two batches' worth pending (one in flight, one waiting): beyond that the child is paused.
 DEFAULT_MAX_PENDING_EVENTS = 2 * DEFAULT_BATCH_MAX_EVENTS
+
+# One output line is cut here: a child printing a megabyte without a newline still makes
+# bounded events.
+DEFAULT_LINE_MAX_BYTES = 64 * 1024
 
 # Timeouts
 # A partial batch waits at most 100 ms for company: output shows up promptly without a
@@ -97,6 +101,11 @@ class EventStream:
     def emit(self, type_: str, data: dict[str, Any]) -> bool:
         """Queue one event (redacted now); blocks while the buffer is full. Returns False if
         the event was discarded because the drain has failed for good or the stream closed."""
+        if self.failure is not None:
+            # Fast path once failed: the reader must keep up with a flooding child.
+            with self._cond:
+                self.dropped += 1
+            return False
         event = {"type": type_, "data": self._redactor.value(data), "ts": _now_iso()}
         size = len(json.dumps(event, separators=(",", ":")).encode())
         with self._cond:
@@ -174,3 +183,16 @@ class EventStream:
             self._cond.notify_all()
         for hook in hooks:
             hook(exc)
+
+
+def pump_lines(
+    pipe: IO[bytes], stream: EventStream, type_: str, *, line_max_bytes: int = DEFAULT_LINE_MAX_BYTES
+) -> None:
+    """Read a child's pipe to its end, one event per line. Reading never stops early: after
+    the drain fails for good ``emit`` discards at once, so the child is never left blocked
+    on a full pipe and can exit."""
+    while True:
+        line = pipe.readline(line_max_bytes)
+        if not line:
+            return
+        stream.emit(type_, {"line": line.decode("utf-8", "replace").rstrip("\n")})

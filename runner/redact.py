@@ -53,11 +53,14 @@ DIAGNOSTIC_FIELDS = frozenset(
     }
 )
 
-_LABEL = r"(?:password|passwd|pwd|secret|token|api[ _-]?key|access[ _-]?key|private[ _-]?key|authorization)"
+_LABEL = (
+    r"(?:password|passwd|pwd|secret[ _-]?key|secret|token|api[ _-]?key|access[ _-]?key|private[ _-]?key|authorization)"
+)
 _LABEL_VALUE = re.compile(
-    # A label, possibly as the tail of a longer name (DB_PASSWORD, client_secret), possibly
-    # quoted as a JSON key, then : or =, then a quoted or bare value.
-    r"(?i)(?P<label>[A-Za-z0-9_.-]*" + _LABEL + r")(?P<q>[\"']?)(?P<sep>\s*[:=]\s*)"
+    # A label, possibly the tail of a longer name (DB_PASSWORD, client_secret: the head is
+    # left outside the match, which keeps the scan linear), possibly quoted as a JSON key,
+    # then : or =, then a quoted or bare value.
+    r"(?i)(?P<label>" + _LABEL + r")(?P<q>[\"']?)(?P<sep>\s*[:=]\s*)"
     r"(?P<value>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[^\s,;&\"'})\]]+)"
 )
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9\-._~+/]+=*")
@@ -150,9 +153,12 @@ def diagnostic_line(
         if key not in DIAGNOSTIC_FIELDS or not (value is None or isinstance(value, str | int | float | bool)):
             omitted += 1
             continue
-        text = redactor.text(value) if isinstance(value, str) else json.dumps(value)
-        # json.dumps keeps the line one line: newlines and quotes are escaped.
-        parts.append(f"{key}={json.dumps(_cut(text, field_max_chars), ensure_ascii=False)}")
+        if isinstance(value, str):
+            # json.dumps keeps the line one line: newlines and quotes are escaped.
+            rendered = json.dumps(_cut(redactor.text(value), field_max_chars), ensure_ascii=False)
+        else:
+            rendered = _cut(json.dumps(value), field_max_chars)
+        parts.append(f"{key}={rendered}")
     if omitted:
         parts.append(f"omitted={omitted}")
     return redactor.text(" ".join(parts))
