@@ -294,3 +294,13 @@ def test_endpoint_must_be_a_bare_name() -> None:
     client = make_client("http://127.0.0.1:9", FakeClock())
     with pytest.raises(ValueError):
         client.call("GET", "../../admin")
+
+
+def test_429_waits_do_not_spend_the_outage_budget() -> None:
+    """Three minutes of rate limiting, then a 503: the budget is still whole, so it is retried."""
+    clock = FakeClock()
+    limited = Reply(429, headers={"Retry-After": "60"})
+    script = [limited, limited, limited, Reply(503), OK]
+    with scripted_server(script) as server:
+        assert make_client(server.url, clock).call("GET", "bundle") == {"ok": True}
+    assert len(server.requests) == 5
