@@ -120,9 +120,10 @@ class SandboxPool:
         self._ensure_housekeeper()
         deadline = time.monotonic() + self.config.acquire_timeout_s
         moves = 0
+        refused: set[int] = set()  # connections that answered not_started for this request
         while True:
             try:
-                conn = self._acquire(deadline, cancel)
+                conn = self._acquire(deadline, cancel, avoid=refused)
             except _AtCapacity:
                 return Outcome.system(
                     "failed", texts.AT_CAPACITY.format(seconds=self.config.acquire_timeout_s), attempts=moves + 1
@@ -138,6 +139,7 @@ class SandboxPool:
                 result = self._await(conn, pending, request, cancel, attempts=moves + 1)
                 if result is not None:
                     return result
+                refused.add(id(conn))
             # It never left this process (or the host refused it before creating a child).
             moves += 1
             log.info("event=execution_moved execution_id=%s from_host_id=%s moves=%d", request.id, conn.host_id, moves)
@@ -205,7 +207,9 @@ class SandboxPool:
 
     # --- internals -----------------------------------------------------------------
 
-    def _acquire(self, deadline: float, cancel: CancelCheck | None) -> HostConnection | None:
+    def _acquire(
+        self, deadline: float, cancel: CancelCheck | None, avoid: set[int] = frozenset()
+    ) -> HostConnection | None:
         backoff = 0.05
         last_error: ConnectFailed | None = None
         while True:
@@ -213,12 +217,14 @@ class SandboxPool:
                 if self._closed:
                     raise ConnectFailed("pool closed")
                 self._prune()
-                best = self._least_loaded()
+                best = self._least_loaded(avoid)
                 if best is not None:
                     return best
                 # Retiring connections do not count: a replacement may open while they drain.
                 live = sum(1 for c in self._connections if c.state == OPEN) + self._opening
-                may_open = live < self.config.max_connections
+                # One connection opens at a time: callers arriving together share it
+                # (up to the per-connection limit) instead of each dialing its own.
+                may_open = live < self.config.max_connections and self._opening == 0
                 if may_open:
                     self._opening += 1
                 else:
@@ -272,8 +278,8 @@ class SandboxPool:
             on_change=self._changed,
         )
 
-    def _least_loaded(self) -> HostConnection | None:
-        candidates = [c for c in self._connections if c.can_take()]
+    def _least_loaded(self, avoid: set[int]) -> HostConnection | None:
+        candidates = [c for c in self._connections if c.can_take() and id(c) not in avoid]
         if not candidates:
             return None
         return min(candidates, key=lambda c: c.in_flight)
@@ -322,6 +328,9 @@ class SandboxPool:
     ) -> Outcome | None:
         frame = pending.frame
         if isinstance(frame, protocol.NotStarted):
+            if frame.reason == "draining":
+                # Its draining frame may still be on the way; this answer says the same.
+                conn.retire("host refused new work: draining")
             return None
         if isinstance(frame, protocol.Result):
             return Outcome(

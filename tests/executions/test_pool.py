@@ -144,8 +144,8 @@ def test_execution_dispatched_onto_a_closing_connection_completes_on_a_new_one(s
         real_acquire = pool._acquire
         closed = []
 
-        def acquire_then_close(deadline, cancel):
-            conn = real_acquire(deadline, cancel)
+        def acquire_then_close(deadline, cancel, **kwargs):
+            conn = real_acquire(deadline, cancel, **kwargs)
             if not closed:
                 conn.close("test: closing before dispatch")
                 closed.append(conn)
@@ -202,7 +202,10 @@ def test_connection_retires_at_max_age_after_finishing_its_work(sandbox_token):
             pool.close()
 
 
-def test_draining_host_refuses_new_work_which_moves_to_another_host(sandbox_token, shared_dir):
+def test_work_a_draining_host_refuses_moves_to_another_host(sandbox_token, shared_dir):
+    """Interleaving fake: the connection ignores the host's draining frame, so the next
+    execution really reaches the draining host, which must answer not_started; the
+    pool must move it (it never ran) and it runs exactly once, on the new host."""
     from controlplane.sandbox.balancer import TcpBalancer
 
     marker = shared_dir / "ran.txt"
@@ -218,15 +221,20 @@ def test_draining_host_refuses_new_work_which_moves_to_another_host(sandbox_toke
                 )
                 t.start()
                 wait_until(lambda: pool.snapshot() and pool.snapshot()[0]["in_flight"] == 1, what="in flight")
+                conn = pool._connections[0]
+                real_retire = conn.retire
+                conn.retire = lambda reason: None if reason == "host draining" else real_retire(reason)
                 balancer.add_target("new", ("127.0.0.1", new.port))
                 balancer.deregister("old")
                 old.terminate()  # SIGTERM: draining, in-flight work finishes
+                wait_until(lambda: "draining_started" in old.log(), timeout=10, what="the old host to drain")
                 result = pool.run(request(f"open({str(marker)!r}, 'a').write('ran\\n'); print('moved')"))
                 t.join()
             finally:
                 pool.close()
     assert held[0].status == "succeeded" and held[0].host_id == "old"
     assert result.status == "succeeded" and result.host_id == "new"
+    assert result.attempts == 2
     assert ran_count(marker) == 1
 
 
