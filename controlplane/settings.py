@@ -113,6 +113,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "controlplane.executions",
     "controlplane.runs",
+    "controlplane.hosts",
 ]
 
 MIDDLEWARE = [
@@ -303,3 +304,25 @@ RUNS_MAX_ERROR_CHARS = 4000
 RUNS_PUSH_TOKEN_TTL_S = env_int("HOLDFAST_RUNS_PUSH_TOKEN_TTL_S", 15 * 60, minimum=30)
 # Push tokens one run may hold (one per request key): a runner loop cannot mint without end.
 RUNS_MAX_PUSH_TOKENS_PER_RUN = env_int("HOLDFAST_RUNS_MAX_PUSH_TOKENS_PER_RUN", 64, minimum=1)
+
+# --- Operations (the host registry, the drain page, drain_host) -----------------------
+
+# Seconds between two snapshots a worker process publishes to the cache (its pool's
+# connections per host) and between two reads of the operator drains. 2 s keeps the page
+# and a drain current for the cost of one cache write and a few queries per worker.
+HOSTS_SNAPSHOT_INTERVAL_S = env_float("HOLDFAST_HOSTS_SNAPSHOT_INTERVAL_S", 2.0, minimum=0.2)
+# A snapshot lives this many intervals: one missed publish is tolerated, a dead worker
+# disappears from the page within seconds instead of lying about its connections.
+HOSTS_SNAPSHOT_TTL_INTERVALS = 3
+# Window (seconds) of the "finished in the last minutes" column.
+HOSTS_FINISHED_WINDOW_S = env_float("HOLDFAST_HOSTS_FINISHED_WINDOW_S", 300.0, minimum=10.0)
+# A draining host that no worker has held a connection to for this long is gone. Several
+# publish intervals, so one late worker cannot make a host that still serves look gone.
+HOSTS_GONE_AFTER_S = env_float("HOLDFAST_HOSTS_GONE_AFTER_S", 30.0, minimum=1.0)
+# drain_host gives up (exit 1) after this many seconds. An operator drain retires
+# connections at once, so what remains is the longest execution plus the pool's grace.
+HOSTS_DRAIN_TIMEOUT_S = env_float(
+    "HOLDFAST_DRAIN_TIMEOUT_S", EXECUTION_MAX_TIMEOUT_S + SANDBOX_RESULT_GRACE_S + 30.0, minimum=1.0
+)
+# How often the drain page fetches fresh figures (seconds).
+HOSTS_PAGE_REFRESH_S = env_float("HOLDFAST_HOSTS_PAGE_REFRESH_S", 2.0, minimum=0.5)

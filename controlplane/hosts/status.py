@@ -1,0 +1,157 @@
+"""What the drain page shows, built from the cache (worker snapshots) and the database.
+
+Nothing here opens a connection to a host: a page that dials hosts would add load to a
+host that is draining and would lie for hosts behind a balancer anyway.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from controlplane.hosts import snapshots
+from controlplane.hosts.models import SandboxHost, State
+
+
+@dataclass
+class WorkerView:
+    worker: str
+    connections: int
+    retiring: int
+    oldest_age_s: float
+    in_flight: int
+    finished_recent: int
+    snapshot_age_s: float
+
+
+@dataclass
+class HostView:
+    name: str
+    state: str
+    drained_by: str
+    host_id: str
+    address: str
+    registered: bool
+    last_seen_at: str | None
+    drain_started_at: str | None
+    last_seen_ago_s: float | None = None
+    drain_elapsed_s: float | None = None
+    connections: int = 0
+    retiring: int = 0
+    oldest_age_s: float = 0.0
+    in_flight: int = 0
+    finished_recent: int = 0
+    empty_by: str | None = None
+    empty_in_s: float | None = None
+    workers: list[WorkerView] = field(default_factory=list)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _ago(now: datetime, then: datetime | None) -> float | None:
+    return round(max(0.0, (now - then).total_seconds()), 1) if then else None
+
+
+def build(*, now: datetime | None = None) -> dict:
+    """The page's figures as a JSON-safe dict."""
+    from controlplane.executions.models import Execution, Status
+
+    now = now or timezone.now()
+    wall = time.time()
+    snaps = snapshots.live_snapshots()
+    rows = list(SandboxHost.objects.all())
+    views: dict[str, HostView] = {}
+    for row in rows:
+        views[row.reported_id] = HostView(
+            name=row.name,
+            state=row.state,
+            drained_by=row.drained_by,
+            host_id=row.host_id,
+            address=row.address,
+            registered=True,
+            last_seen_at=_iso(row.last_seen_at),
+            drain_started_at=_iso(row.drain_started_at),
+            last_seen_ago_s=_ago(now, row.last_seen_at),
+            drain_elapsed_s=_ago(now, row.drain_started_at),
+        )
+    youngest_open: dict[str, float] = {}
+    max_age_s = max((s.get("max_age_s", 0.0) for s in snaps), default=settings.SANDBOX_CONNECTION_MAX_AGE_S)
+    busy_workers: dict[str, set[str]] = {}
+    for snap in snaps:
+        for host_id, item in snap.get("hosts", {}).items():
+            if not (item["connections"] or item["finished_recent"]):
+                continue
+            view = views.get(host_id)
+            if view is None:  # seen by a worker, registered on its next publish
+                view = views[host_id] = HostView(
+                    name=host_id,
+                    state=State.ACTIVE,
+                    drained_by="",
+                    host_id=host_id,
+                    address="",
+                    registered=False,
+                    last_seen_at=None,
+                    drain_started_at=None,
+                )
+            view.workers.append(
+                WorkerView(
+                    worker=snap["worker"],
+                    connections=item["connections"],
+                    retiring=item["retiring"],
+                    oldest_age_s=item["oldest_age_s"],
+                    in_flight=item["in_flight"],
+                    finished_recent=item["finished_recent"],
+                    snapshot_age_s=round(max(0.0, wall - snap.get("published_at", wall)), 1),
+                )
+            )
+            view.connections += item["connections"]
+            view.retiring += item["retiring"]
+            view.oldest_age_s = max(view.oldest_age_s, item["oldest_age_s"])
+            view.in_flight += item["in_flight"]
+            view.finished_recent += item["finished_recent"]
+            if item["youngest_open_age_s"] is not None:
+                youngest_open[host_id] = min(youngest_open.get(host_id, 1e18), item["youngest_open_age_s"])
+            if item["in_flight"]:
+                busy_workers.setdefault(host_id, set()).add(snap["worker"])
+    # Executions running on the workers that hold work on each host: the longest one
+    # bounds how long the host stays busy once its connections stop taking work.
+    all_busy = set().union(*busy_workers.values()) if busy_workers else set()
+    deadlines: dict[str, datetime] = {}
+    if all_busy:
+        for worker, started_at, timeout_ms in Execution.objects.filter(
+            status=Status.RUNNING, worker__in=all_busy, started_at__isnull=False
+        ).values_list("worker", "started_at", "timeout_ms"):
+            deadline = started_at + timedelta(milliseconds=timeout_ms)
+            deadlines[worker] = max(deadlines.get(worker, deadline), deadline)
+    for host_id, view in views.items():
+        if view.state != State.DRAINING:
+            continue
+        if view.connections == 0 and view.in_flight == 0:
+            view.empty_by, view.empty_in_s = _iso(now), 0.0
+            continue
+        # Connections still open retire at max age at the latest (the youngest last);
+        # what they run then ends by its timeout.
+        retire_in = max(0.0, max_age_s - youngest_open[host_id]) if host_id in youngest_open else 0.0
+        longest = max(
+            ((deadlines[w] - now).total_seconds() for w in busy_workers.get(host_id, ()) if w in deadlines),
+            default=0.0,
+        )
+        empty_in = retire_in + max(0.0, longest)
+        view.empty_in_s = round(empty_in, 1)
+        view.empty_by = _iso(now + timedelta(seconds=empty_in))
+    order = {State.DRAINING: 0, State.ACTIVE: 1, State.GONE: 2}
+    hosts = sorted(views.values(), key=lambda v: (order.get(v.state, 3), v.name))
+    return {
+        "generated_at": _iso(now),
+        "refresh_s": settings.HOSTS_PAGE_REFRESH_S,
+        "finished_window_s": settings.HOSTS_FINISHED_WINDOW_S,
+        "max_age_s": max_age_s,
+        "workers": sorted(s["worker"] for s in snaps),
+        "hosts": [asdict(v) for v in hosts],
+    }
