@@ -72,9 +72,14 @@ def deploy_under_load(sandbox_token: str, max_age_s: float) -> DeployReport:
             ids: list[str] = []
 
             def submit_stream() -> None:
-                for i in range(EXECUTIONS):
-                    ids.append(str(submit(snippet(i), owner="deploy-test", timeout_s=30)))
-                    time.sleep(SUBMIT_INTERVAL_S)
+                from django.db import connection
+
+                try:
+                    for i in range(EXECUTIONS):
+                        ids.append(str(submit(snippet(i), owner="deploy-test", timeout_s=30)))
+                        time.sleep(SUBMIT_INTERVAL_S)
+                finally:
+                    connection.close()  # this thread's own connection, or teardown cannot drop the DB
 
             producer = threading.Thread(target=submit_stream)
             producer.start()
