@@ -205,6 +205,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_in": str(_BROKER_DIR / "queue"),
         "data_folder_out": str(_BROKER_DIR / "queue"),
         "processed_folder": str(_BROKER_DIR / "processed"),
+        # Broadcast (remote control) files; kombu's default is ./control in the cwd.
+        "control_folder": str(_BROKER_DIR / "control"),
         "store_processed": False,
         # The filesystem transport polls; a tenth of a second keeps the main job snappy.
         "polling_interval": 0.1,

@@ -29,7 +29,7 @@ class Command(BaseCommand):
         from controlplane.executions.api import execute
         from controlplane.sandbox import local
 
-        for folder in ("queue", "processed"):
+        for folder in ("queue", "processed", "control"):
             (settings.VAR_DIR / "broker" / folder).mkdir(parents=True, exist_ok=True)
         call_command("migrate", verbosity=0, interactive=False)
         db = settings.DATABASES["default"]
