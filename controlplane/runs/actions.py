@@ -132,12 +132,15 @@ class EventIn:
     type: str
     data: dict
     ts: datetime
+    # The ts exactly as the runner sent it (None when it sent none, and ``ts`` is the
+    # arrival time): a replay is recognised by what was sent, not by when it arrived.
+    sent_ts: str | None = None
 
 
 def append_events(run_id: object, batch_key: str, events: list[EventIn]) -> tuple[int, int]:
     """Append one batch; return (first_seq, count). A replayed batch key returns the
     original answer and adds nothing; the same key with other events is refused."""
-    batch_sha256 = hashlib.sha256(receipts.canonical([[e.type, e.data, e.ts.isoformat()] for e in events])).hexdigest()
+    batch_sha256 = hashlib.sha256(receipts.canonical([[e.type, e.data, e.sent_ts] for e in events])).hexdigest()
     with transaction.atomic():
         # The lock serialises appends (and the terminal claim) per run. On SQLite it is a
         # no-op, and the IMMEDIATE transaction serialises every writer instead.

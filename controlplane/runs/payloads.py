@@ -116,7 +116,9 @@ def parse_events(request: HttpRequest) -> tuple[str, list[EventIn]]:
         data = event.get("data", {})
         if not isinstance(data, dict):
             raise BadRequest("event data must be an object")
-        parsed.append(EventIn(_key(event, "type", limit=MAX_EVENT_TYPE_CHARS), data, _timestamp(event.get("ts"))))
+        sent_ts = event.get("ts")
+        kind = _key(event, "type", limit=MAX_EVENT_TYPE_CHARS)
+        parsed.append(EventIn(kind, data, _timestamp(sent_ts), sent_ts))
     return batch_key, parsed
 
 

@@ -34,6 +34,14 @@ def test_a_replayed_batch_returns_the_original_answer_and_adds_no_rows(running):
     assert RunEventBatch.objects.filter(run_id=running.run_id).count() == 2
 
 
+def test_a_replayed_batch_without_timestamps_is_still_recognised(running):
+    body = {"batch_key": "b1", "events": [{"type": "stdout", "data": {"line": "x"}}]}
+    first = running.post("events", body).json()
+    replay = running.post("events", body)
+    assert replay.status_code == 200 and replay.json() == first
+    assert RunEvent.objects.filter(run_id=running.run_id).count() == 1
+
+
 def test_a_batch_key_reused_for_other_events_is_refused(running):
     running.events("b1", "stdout")
     answer = running.events("b1", "stderr")
