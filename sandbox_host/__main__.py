@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 
-from . import defaults
+from . import defaults, uids
 from .isolation import probe
 from .log import log
 from .server import Host, Settings
@@ -90,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: drain and drain[0].set())
 
     try:
-        isolation = probe(log, require=None if args.isolation == "auto" else args.isolation)
+        uid_base = None
+        if os.geteuid() == 0:
+            # Children run under uids only this host uses; the lock fd stays open (and
+            # the block ours) until the process exits.
+            uid_base, _uid_lock_fd = uids.claim(args.max_concurrent)
+        isolation = probe(log, uid_base=uid_base, require=None if args.isolation == "auto" else args.isolation)
     except RuntimeError as exc:
         print(f"holdfast-host: {exc}", file=sys.stderr)
         return 2

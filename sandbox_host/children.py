@@ -178,6 +178,8 @@ class Child:
             self.proc.stderr.close()
             if status:  # we killed it: make sure nothing of it is left
                 self.kill()
+            elif self.uid is not None:
+                kill_uid(self.uid)  # a background process must not outlive its execution
         duration_ms = int((time.monotonic() - started) * 1000)
         if status:
             return Outcome(status, None, out.text(), err.text(), duration_ms, error)

@@ -40,8 +40,14 @@ DEFAULT_MAX_OPEN_FILES = 256
 # decides (``timed_out``); the CPU limit is the backstop if the host itself stalls.
 DEFAULT_CPU_MARGIN_S = 1
 # First uid of the unprivileged range children run under when the host is root; slot N
-# runs as FIRST + N, so RLIMIT_NPROC (counted per uid) is per execution.
+# runs as BASE + N, so RLIMIT_NPROC (counted per uid) is per execution. Hosts sharing a
+# machine each claim their own block of max-concurrent uids (``uids.claim``).
 DEFAULT_CHILD_UID_BASE = 61000
+# Uids per block: every host's block has this fixed size whatever its max-concurrent
+# (which must not exceed it), so blocks never overlap.
+DEFAULT_UID_BLOCK_SIZE = 1000
+# How many blocks are tried: hosts one machine can run side by side.
+DEFAULT_UID_BLOCKS = 64
 # Interpreters tried for user code when the host's own is out of an unprivileged uid's
 # reach (a venv under /root, mode 0700): the system's.
 DEFAULT_FALLBACK_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")

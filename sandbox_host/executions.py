@@ -77,10 +77,19 @@ class Admission:
             child.stop(status, error)
         return True
 
+    def free_slot(self, running: Running) -> None:
+        """The child is gone: its slot (and uid) may take new work. Called before the
+        result is sent, so a client that answers a result with new work finds room."""
+        with self._cond:
+            if running.slot >= 0:
+                self._free_slots.append(running.slot)
+                running.slot = -1
+
     def release(self, running: Running) -> None:
+        """The execution is over, its result sent: the drain may stop waiting for it."""
+        self.free_slot(running)
         with self._cond:
             self._running.pop(running.id, None)
-            self._free_slots.append(running.slot)
             self._cond.notify_all()
 
     def in_flight(self) -> int:
@@ -132,6 +141,8 @@ def run_execution(
         log("execution_started", conn=conn_id, id=frame.id, slot=running.slot, timeout_ms=frame.timeout_ms)
         send(protocol.Started(id=frame.id))
         outcome = child.wait()
+        child.cleanup()
+        admission.free_slot(running)
         log(
             "execution_finished",
             conn=conn_id,
@@ -153,7 +164,8 @@ def run_execution(
         )
     except Exception as exc:  # a host bug must not leak the slot or kill the connection thread
         log("execution_internal_error", conn=conn_id, id=frame.id, error=exc.__class__.__name__)
-        child.kill()
+        if running.slot >= 0:  # once freed, the slot's uid may belong to another execution
+            child.kill()
         send(protocol.Error(code="internal", message="the host failed running this execution", id=frame.id))
     finally:
         child.cleanup()

@@ -65,8 +65,8 @@ class Isolation:
         return None if self.uid_base is None else self.uid_base + slot
 
 
-def candidates(*, is_root: bool) -> list[Isolation]:
-    uid_base = defaults.DEFAULT_CHILD_UID_BASE if is_root else None
+def candidates(*, uid_base: int | None) -> list[Isolation]:
+    is_root = uid_base is not None
     # An unprivileged uid must be able to reach the interpreter (a venv under /root is not).
     python = child_python() if is_root else sys.executable
     found = []
@@ -136,10 +136,11 @@ def works(isolation: Isolation) -> tuple[bool, str]:
     return True, ""
 
 
-def probe(log: Callable[..., None], *, require: str | None = None) -> Isolation:
+def probe(log: Callable[..., None], *, uid_base: int | None, require: str | None = None) -> Isolation:
     """Pick the strongest isolation that works here (or exactly ``require``); log every
-    refusal and the choice. Raises ``RuntimeError`` when none (or not ``require``) works."""
-    for isolation in candidates(is_root=os.geteuid() == 0):
+    refusal and the choice. ``uid_base`` is the host's claimed uid block (root only).
+    Raises ``RuntimeError`` when none (or not ``require``) works."""
+    for isolation in candidates(uid_base=uid_base):
         if require is not None and isolation.name != require:
             continue
         ok, why = works(isolation)
@@ -150,7 +151,7 @@ def probe(log: Callable[..., None], *, require: str | None = None) -> Isolation:
                 level=level,
                 isolation=isolation.name,
                 no_network=isolation.no_network,
-                per_slot_uid=isolation.uid_base is not None,
+                uid_base=isolation.uid_base,
                 python=isolation.python,
             )
             return isolation

@@ -43,7 +43,7 @@ def test_sigterm_finishes_in_flight_work_refuses_new_work_and_exits_0():
 
             result = recv_frame(ws)
             assert isinstance(result, protocol.Result)
-            assert (result.id, result.status, result.stdout) == (in_flight, "succeeded", "finished\n")
+            assert (result.id, result.status, result.stdout) == (in_flight, "succeeded", "finished\n"), result
             assert close_code(ws) == 1001
         finally:
             ws.close()
