@@ -9,9 +9,12 @@ Every ``HOSTS_SNAPSHOT_INTERVAL_S`` it
 3. records what the pool saw in the registry: last seen, host ids, hosts that said they
    are draining, hosts that came back; and moves drained, unseen hosts to gone.
 
-The pool calls hooks on its housekeeping thread every half second; between publishes the
-hook only remembers which hosts told a connection they are draining, because an idle
-connection that hears it closes at once and may be pruned before the next publish.
+A host's ``draining`` frame is short-lived evidence: an idle connection that hears it
+closes at once and the pool prunes it on its next acquire, possibly before any snapshot.
+So the publisher also listens to the pool's own structured log record
+(``event=connection_retiring ... reason='host draining'``, emitted in this process) and
+remembers those host ids until the next publish; scanning each housekeeping tick's
+snapshot is the fallback when INFO logging is turned off.
 """
 
 from __future__ import annotations
@@ -40,6 +43,22 @@ def worker_label() -> str:
     return f"{socket.gethostname()} pid={os.getpid()}"
 
 
+class _RetireListener(logging.Handler):
+    """Hears the pool's ``connection_retiring`` records in this process."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        super().__init__(level=logging.INFO)
+        self._publisher = weakref.ref(publisher)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        publisher = self._publisher()
+        args = record.args if isinstance(record.args, tuple) else ()
+        if publisher is None or not str(record.msg).startswith("event=connection_retiring") or len(args) < 2:
+            return
+        if args[1] == actions.HOST_DRAINING_REASON and args[0]:
+            publisher.heard_draining(str(args[0]))
+
+
 class Publisher:
     def __init__(
         self,
@@ -57,11 +76,13 @@ class Publisher:
         self._heard_draining: set[str] = set()
         self.__name__ = "hosts_publisher"  # the pool logs a failing hook by this name
 
+    def heard_draining(self, host_id: str) -> None:
+        self._heard_draining.add(host_id)  # set.add is atomic under the GIL
+
     def __call__(self, pool: SandboxPool) -> None:
-        connections = pool.snapshot()
-        for conn in connections:
+        for conn in pool.snapshot():
             if conn.get("retire_reason") == actions.HOST_DRAINING_REASON and conn.get("host_id"):
-                self._heard_draining.add(conn["host_id"])
+                self.heard_draining(conn["host_id"])
         if self._clock() - self._last < self.interval_s:
             return
         self._last = self._clock()
@@ -105,6 +126,7 @@ def install(pool: SandboxPool) -> Publisher:
         finished_window_s=settings.HOSTS_FINISHED_WINDOW_S,
     )
     _installed[pool] = publisher
+    logging.getLogger("holdfast.pool").addHandler(_RetireListener(publisher))
     pool.add_housekeeping_hook(publisher)
     log.info("event=snapshot_publisher_started worker=%r interval_s=%.1f", publisher.worker, publisher.interval_s)
     return publisher

@@ -16,6 +16,7 @@ A snapshot (JSON-safe dict)::
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 
@@ -25,6 +26,11 @@ from django.core.cache import cache
 KEY_PREFIX = "holdfast:hosts:worker:"
 INDEX_KEY = "holdfast:hosts:workers"
 LIVE_STATES = ("open", "retiring")
+
+
+def worker_key(worker: str) -> str:
+    # Portable cache keys (memcached's rules): no spaces or control characters.
+    return KEY_PREFIX + re.sub(r"[^A-Za-z0-9_.:@-]", "_", worker)[:200]
 
 
 def summarize(connections: Iterable[dict], finished_recent: dict[str, int]) -> dict[str, dict]:
@@ -78,7 +84,7 @@ def publish(snapshot: dict, *, interval_s: float | None = None) -> None:
     """Write one worker's snapshot and refresh its place in the index."""
     interval = interval_s or settings.HOSTS_SNAPSHOT_INTERVAL_S
     ttl = interval * settings.HOSTS_SNAPSHOT_TTL_INTERVALS
-    key = KEY_PREFIX + snapshot["worker"]
+    key = worker_key(snapshot["worker"])
     cache.set(key, snapshot, timeout=ttl)
     now = time.time()
     # Read-modify-write: two workers writing at the same instant can drop each other's
@@ -90,7 +96,7 @@ def publish(snapshot: dict, *, interval_s: float | None = None) -> None:
 
 def withdraw(worker: str) -> None:
     """A worker shutting down removes itself at once rather than waiting for the TTL."""
-    key = KEY_PREFIX + worker
+    key = worker_key(worker)
     cache.delete(key)
     index = cache.get(INDEX_KEY) or {}
     if index.pop(key, None) is not None:
