@@ -1,0 +1,175 @@
+"""The runner's life: hello -> bundle -> run the job as a child -> stream its lines as events
+-> result. Every control-plane call goes through ``ControlPlaneClient.call``.
+
+Read from the environment: HOLDFAST_CONTROL_PLANE_URL, HOLDFAST_RUN_ID, HOLDFAST_RUN_KEY.
+None of them reaches the child: its environment is built from nothing but PATH, a temp
+HOME, the job's inputs and its injected secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from runner.events import EventStream, pump_lines
+from runner.redact import Redactor, diagnostic_line
+from runner.transport import ControlPlaneClient, RunTerminal, TransportError
+
+# Timeouts
+# A job without its own timeout gets an hour: long runs are the point, endless ones are not.
+DEFAULT_JOB_TIMEOUT_S = 3600.0
+# How long the child's process group has between SIGTERM and SIGKILL.
+DEFAULT_KILL_GRACE_S = 5.0
+
+
+@dataclass
+class Outcome:
+    status: str  # succeeded | failed | cancelled
+    exit_code: int | None
+    error: str
+
+
+def _child_env(job: dict[str, Any], home: str) -> dict[str, str]:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
+    env["HOLDFAST_INPUTS"] = json.dumps(job.get("inputs") or {})
+    for name, value in (job.get("secrets") or {}).items():
+        env[str(name)] = str(value)
+    return env
+
+
+def run_job(job: dict[str, Any], stream: EventStream, *, kill_grace_s: float = DEFAULT_KILL_GRACE_S) -> Outcome:
+    """Run the job in its own process group, pumping stdout and stderr lines into ``stream``."""
+    with tempfile.TemporaryDirectory(prefix="holdfast-job-") as home:
+        if job.get("kind") == "python":
+            path = os.path.join(home, "job.py")
+            with open(path, "w") as fh:
+                fh.write(str(job.get("source", "")))
+            argv = [sys.executable, path]
+        else:
+            argv = ["/bin/sh", "-c", str(job.get("command", ""))]
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_child_env(job, home),
+            cwd=home,
+            start_new_session=True,
+        )
+        timed_out = threading.Event()
+        drain_failed = threading.Event()
+
+        def kill(mark: threading.Event) -> None:
+            mark.set()
+            for sig, pause in ((signal.SIGTERM, kill_grace_s), (signal.SIGKILL, 0.0)):
+                try:
+                    os.killpg(child.pid, sig)
+                except ProcessLookupError:
+                    return
+                try:
+                    child.wait(pause)
+                    return
+                except subprocess.TimeoutExpired:
+                    continue
+
+        timer = threading.Timer(float(job.get("timeout_s") or DEFAULT_JOB_TIMEOUT_S), kill, args=(timed_out,))
+        timer.daemon = True
+
+        def on_drain_failure(exc: TransportError) -> None:
+            # The run's output can no longer be recorded, so its verdict is failed whatever the
+            # child does: clear the armed timeout (it must not fire a second, racing kill) and
+            # stop the child. The readers keep reading, so a child on a full pipe can exit.
+            timer.cancel()
+            threading.Thread(target=kill, args=(drain_failed,), daemon=True).start()
+
+        stream.on_failure(on_drain_failure)
+        timer.start()
+        readers = [
+            threading.Thread(target=pump_lines, args=(child.stdout, stream, "stdout"), daemon=True),
+            threading.Thread(target=pump_lines, args=(child.stderr, stream, "stderr"), daemon=True),
+        ]
+        for reader in readers:
+            reader.start()
+        code = child.wait()
+        timer.cancel()
+        for reader in readers:
+            reader.join()
+        assert child.stdout is not None and child.stderr is not None
+        child.stdout.close()
+        child.stderr.close()
+    if drain_failed.is_set() or stream.failure is not None:
+        return Outcome("failed", code, "events could not be delivered to the control plane")
+    if timed_out.is_set():
+        return Outcome("failed", code, "job timed out")
+    return Outcome("succeeded" if code == 0 else "failed", code, "" if code == 0 else f"exit code {code}")
+
+
+def report_result(client: ControlPlaneClient, outcome: Outcome, redactor: Redactor) -> None:
+    """Post the verdict. A 409 run_terminal means a verdict is already recorded (ours, replayed
+    after a lost answer, or another): it counts as recorded; a different one leaves one line."""
+    body = {"status": outcome.status, "exit_code": outcome.exit_code, "error": redactor.text(outcome.error)}
+    try:
+        client.call("POST", "result", body={**body, "summary": {}})
+    except RunTerminal as exc:
+        if exc.recorded_status != outcome.status:
+            fields = {
+                "run_id": client.run_id,
+                "attempted_status": outcome.status,
+                "recorded_status": exc.recorded_status,
+                "exit_code": outcome.exit_code,
+                "error": outcome.error,
+            }
+            print(diagnostic_line("result_discarded_run_terminal", fields, redactor), file=sys.stderr)
+
+
+def save_session_state(client: ControlPlaneClient, data: bytes) -> Any:
+    return client.call("POST", "session-state", body=data)
+
+
+def load_session_state(client: ControlPlaneClient) -> bytes | None:
+    """The parent's saved state, or None for a cold start (404)."""
+    try:
+        return client.call("GET", "session-state", raw=True)
+    except TransportError as exc:
+        if getattr(exc, "status", None) == 404:
+            return None
+        raise
+
+
+def save_transcript(client: ControlPlaneClient, ndjson: bytes) -> Any:
+    return client.call("POST", "transcript", body=ndjson, content_type="application/x-ndjson")
+
+
+def push_token(client: ControlPlaneClient, scope: str) -> Any:
+    # One request key per token wanted: a replay after a lost answer gets the same token.
+    return client.call("POST", "push-token", body={"request_key": str(uuid.uuid4()), "scope": scope})
+
+
+def live(base_url: str, run_id: str, run_key: str) -> Outcome:
+    client = ControlPlaneClient(base_url, run_id, run_key)
+    # One instance id per runner process: a replayed hello is the same claim.
+    session = client.call("POST", "hello", body={"instance_id": str(uuid.uuid4())})
+    client.authenticate(session["session_token"])
+    job = client.call("GET", "bundle")["job"]
+    redactor = Redactor((job.get("secrets") or {}).values(), keys=[run_key, session["session_token"]])
+    stream = EventStream(client, redactor=redactor)
+    outcome = run_job(job, stream)
+    failure = stream.close()
+    if failure is not None and outcome.status == "succeeded":
+        outcome = Outcome("failed", outcome.exit_code, "events could not be delivered to the control plane")
+    report_result(client, outcome, redactor)
+    return outcome
+
+
+def main() -> int:
+    env = os.environ
+    outcome = live(env["HOLDFAST_CONTROL_PLANE_URL"], env["HOLDFAST_RUN_ID"], env["HOLDFAST_RUN_KEY"])
+    return 0 if outcome.status == "succeeded" else 1

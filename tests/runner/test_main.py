@@ -1,0 +1,95 @@
+"""The runner's life against a real HTTP server playing the control plane's contract."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from runner.main import live
+from tests.runner.servers import Recorded, Reply, scripted_server
+
+RUN_KEY = "run-launch-key-0123456789"
+SESSION = "session-token-abcdefghij"
+
+
+class ControlPlane:
+    def __init__(self, job: dict[str, Any], result: Reply | None = None) -> None:
+        self.job = job
+        self.events: list[dict[str, Any]] = []
+        self.keys: set[str] = set()
+        self.results: list[dict[str, Any]] = []
+        self._result = result or Reply(200, {"receipt_sha256": "x"})
+
+    def __call__(self, request: Recorded) -> Reply:
+        endpoint = request.path.rsplit("/", 1)[1]
+        expected = RUN_KEY if endpoint == "hello" else SESSION
+        if request.headers.get("Authorization") != f"Bearer {expected}":
+            return Reply(401, {"error": {"code": "unauthenticated", "message": ""}})
+        if endpoint == "hello":
+            return Reply(200, {"session_token": SESSION, "run_id": 7})
+        if endpoint == "bundle":
+            return Reply(200, {"job": self.job})
+        if endpoint == "events":
+            body = request.json()
+            if body["batch_key"] not in self.keys:
+                self.keys.add(body["batch_key"])
+                self.events.extend(body["events"])
+            return Reply(200, {"first_seq": 0, "count": len(body["events"])})
+        if endpoint == "result":
+            self.results.append(request.json())
+            return self._result
+        return Reply(404, {"error": {"code": "not_found", "message": ""}})
+
+
+def test_a_shell_job_streams_its_lines_and_reports_its_result() -> None:
+    job = {
+        "kind": "shell",
+        "command": 'echo "one $API_TOKEN"; echo two >&2; env; exit 3',
+        "inputs": {},
+        "timeout_s": 30,
+        "secrets": {"API_TOKEN": "tok-secret-value-1"},
+    }
+    plane = ControlPlane(job)
+    with scripted_server(plane) as server:
+        outcome = live(server.url, "7", RUN_KEY)
+    assert outcome.status == "failed" and outcome.exit_code == 3
+    stdout = [e["data"]["line"] for e in plane.events if e["type"] == "stdout"]
+    assert stdout[0] == "one «redacted»"
+    assert [e["data"]["line"] for e in plane.events if e["type"] == "stderr"] == ["two"]
+    dumped = json.dumps(plane.events)
+    assert "tok-secret-value-1" not in dumped
+    # The run's own key never reaches the child's environment.
+    assert RUN_KEY not in dumped and "HOLDFAST_RUN_KEY" not in dumped
+    assert plane.results == [{"status": "failed", "exit_code": 3, "error": "exit code 3", "summary": {}}]
+
+
+def test_a_python_job_runs_its_source() -> None:
+    job = {"kind": "python", "source": "import os, json\nprint(json.loads(os.environ['HOLDFAST_INPUTS'])['n'] * 2)"}
+    plane = ControlPlane({**job, "inputs": {"n": 21}, "timeout_s": 30, "secrets": {}})
+    with scripted_server(plane) as server:
+        assert live(server.url, "7", RUN_KEY).status == "succeeded"
+    assert [e["data"]["line"] for e in plane.events] == ["42"]
+
+
+def test_a_terminal_run_with_another_verdict_counts_as_recorded_and_leaves_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    terminal = Reply(409, {"error": {"code": "run_terminal", "message": ""}, "status": "cancelled"})
+    plane = ControlPlane({"kind": "shell", "command": "true", "timeout_s": 30, "secrets": {}}, result=terminal)
+    with scripted_server(plane) as server:
+        assert live(server.url, "7", RUN_KEY).status == "succeeded"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("result_discarded_run_terminal ")
+    assert 'recorded_status="cancelled"' in err[0] and 'attempted_status="succeeded"' in err[0]
+    assert SESSION not in err[0] and RUN_KEY not in err[0]
+
+
+def test_a_job_past_its_timeout_is_killed_and_fails() -> None:
+    plane = ControlPlane({"kind": "shell", "command": "echo start; sleep 30", "timeout_s": 0.5, "secrets": {}})
+    with scripted_server(plane) as server:
+        outcome = live(server.url, "7", RUN_KEY)
+    assert (outcome.status, outcome.error) == ("failed", "job timed out")
+    assert [e["data"]["line"] for e in plane.events] == ["start"]
