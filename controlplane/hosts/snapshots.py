@@ -16,6 +16,7 @@ A snapshot (JSON-safe dict)::
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Iterable
@@ -83,7 +84,8 @@ def summarize(connections: Iterable[dict], finished_recent: dict[str, int]) -> d
 def publish(snapshot: dict, *, interval_s: float | None = None) -> None:
     """Write one worker's snapshot and refresh its place in the index."""
     interval = interval_s or settings.HOSTS_SNAPSHOT_INTERVAL_S
-    ttl = interval * settings.HOSTS_SNAPSHOT_TTL_INTERVALS
+    # Whole seconds, at least one: Redis expires by the second and a 0 would mean "now".
+    ttl = max(1, math.ceil(interval * settings.HOSTS_SNAPSHOT_TTL_INTERVALS))
     key = worker_key(snapshot["worker"])
     cache.set(key, snapshot, timeout=ttl)
     now = time.time()
