@@ -139,7 +139,7 @@ def sweep_gone(*, now: datetime | None = None) -> int:
         ):
             gone += 1
             log.info(
-                "event=drain_finished host=%s host_id=%s source=%s state=gone drain_s=%.1f",
+                "event=host_gone host=%s host_id=%s source=%s drain_s=%.1f",
                 row.name,
                 row.reported_id,
                 row.drained_by or "-",
