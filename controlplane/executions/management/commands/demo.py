@@ -62,6 +62,10 @@ class Command(BaseCommand):
             if worker is not None:
                 worker.stop()
             host.stop()
+            if failures:
+                for child in (worker, host):
+                    if child is not None:
+                        self.stderr.write(f"--- last lines of {child.name} ---\n" + "\n".join(child.lines[-40:]))
         total = len(SNIPPETS)
         self.stdout.write(f"\n{total - failures} of {total} snippets ended as expected")
         if failures:
