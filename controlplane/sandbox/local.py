@@ -68,6 +68,8 @@ class Child:
                 self.popen.kill()
                 self.popen.wait()
         self._reader.join(timeout=5)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
         return self.popen.returncode
 
 

@@ -101,6 +101,9 @@ class HostProcess:
             self.popen.wait()
         for reader in self._readers:
             reader.join(timeout=5)
+        for pipe in (self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                pipe.close()
         return self.popen.returncode
 
 
