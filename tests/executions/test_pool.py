@@ -82,6 +82,24 @@ def test_pre_cancelled_call_returns_cancelled_without_touching_the_network():
         listener.close()
 
 
+def test_pre_cancelled_call_wins_over_a_missing_configuration():
+    """The cancel is checked before anything else, settings included."""
+    pool = SandboxPool(replace(BASE, url="", token=""))
+    result = pool.run(request("print(1)"), cancel=lambda: True)
+    assert result.status == "cancelled"
+
+
+def test_pre_cancelled_execute_returns_without_touching_the_database():
+    """No django_db mark: any query here would raise, so this proves none is made."""
+    from controlplane.executions import execute
+
+    cancelled = threading.Event()
+    cancelled.set()
+    result = execute("print(1)", owner="t", cancel=cancelled)
+    assert result.status == "cancelled"
+    assert result.id is None
+
+
 @pytest.mark.parametrize(
     ("url", "token", "missing"), [("", "t", "HOLDFAST_SANDBOX_URL"), ("ws://x", "", "HOLDFAST_SANDBOX_TOKEN")]
 )
