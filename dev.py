@@ -5,6 +5,8 @@
                            embedded default (SQLite + filesystem broker, nothing else)
     python3 dev.py test    install what the tests need, then run the whole suite
                            (PostgreSQL and Redis on 127.0.0.1; see README.md)
+    python3 dev.py bench   run bench/run.py (docs/benchmarks.md) on whatever database and
+                           broker the environment names (the embedded default if none)
 
 Both create ``.venv`` beside this file on first use and reinstall only what changed.
 """
@@ -47,6 +49,9 @@ def main(argv: list[str]) -> int:
         ensure_venv("requirements.txt")
         env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "CELERY_BROKER_URL"}}
         return subprocess.call([str(PY), "manage.py", "demo", *argv[1:]], env=env)
+    if command == "bench":
+        ensure_venv("requirements.txt")
+        return subprocess.call([str(PY), "bench/run.py", *argv[1:]])
     if command == "test":
         ensure_venv("requirements-dev.txt")
         return subprocess.call([str(PY), "-m", "pytest", *argv[1:]])

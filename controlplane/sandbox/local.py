@@ -90,7 +90,9 @@ def host_port(host: Child) -> int:
     return int(host_url(host).rsplit(":", 1)[1])
 
 
-def start_worker(env: dict[str, str], *, concurrency: int = 4, name: str = "worker") -> Child:
+def start_worker(
+    env: dict[str, str], *, concurrency: int = 4, name: str = "worker", extra_args: tuple[str, ...] = ()
+) -> Child:
     child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     queue = child_env.get("HOLDFAST_CELERY_QUEUE", "holdfast")
     argv = [
@@ -98,6 +100,7 @@ def start_worker(env: dict[str, str], *, concurrency: int = 4, name: str = "work
         "--pool", "threads", "--concurrency", str(concurrency), "-Q", queue,
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         "--loglevel", "INFO", "--hostname", f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h",
+        *extra_args,
     ]  # fmt: skip
     worker = Child(name, argv, child_env, re.compile(r"\bready\.$"))
     worker.wait_ready(WORKER_START_TIMEOUT_S)

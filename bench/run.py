@@ -1,0 +1,216 @@
+"""Holdfast benchmarks: one command, one table, baselines measured in the same run.
+
+    .venv/bin/python bench/run.py [--n 40]
+
+Uses whatever DATABASE_URL / CELERY_BROKER_URL are set (the embedded default when
+none). Rows, each against its baseline:
+
+* sandbox host, one snippet at a time, vs a bare ``python3 -c`` subprocess;
+* the same with 8 snippets in flight on one pooled connection;
+* the full path (row -> Celery -> pool -> host) vs a plain Celery task doing the
+  same database work without a sandbox;
+* resident memory of an idle host, and its peak with 8 executions in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+
+from controlplane.sandbox import local  # noqa: E402
+from controlplane.sandbox.outcome import ExecRequest  # noqa: E402
+from controlplane.sandbox.pool import PoolConfig, SandboxPool  # noqa: E402
+
+SNIPPET = "print(1)"
+
+
+def ms(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    return statistics.median(ordered) * 1000, p95 * 1000
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants, in KiB."""
+    total = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            pids = [int(proc.name)]
+            stat = (proc / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if int(proc.name) != pid and not _descends(ppid, pid):
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+            del pids
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _descends(ppid: int, ancestor: int) -> bool:
+    seen = 0
+    while ppid > 1 and seen < 64:
+        if ppid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{ppid}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        seen += 1
+    return ppid == ancestor
+
+
+def bare_subprocess(n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        subprocess.run(["/usr/bin/python3", "-I", "-c", SNIPPET], check=True, capture_output=True)
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def pool_config(url: str, token: str) -> PoolConfig:
+    return PoolConfig(
+        url=url, token=token, max_age_s=600, max_age_jitter=0.2, per_connection_limit=8, max_connections=1,
+        acquire_timeout_s=60, connect_timeout_s=10, max_moves=3, result_grace_s=10,
+    )  # fmt: skip
+
+
+def pooled(pool: SandboxPool, n: int, concurrency: int) -> tuple[list[float], float]:
+    samples: list[float] = []
+    lock = threading.Lock()
+    todo = list(range(n))
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                todo.pop()
+            started = time.perf_counter()
+            outcome = pool.run(ExecRequest(id=uuid.uuid4().hex, code=SNIPPET, timeout_ms=10_000, memory_mb=256))
+            if outcome.status != "succeeded":
+                raise SystemExit(f"benchmark execution failed: {outcome}")
+            with lock:
+                samples.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=work) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return samples, n / (time.perf_counter() - started)
+
+
+def full_path(n: int, plain: bool) -> list[float]:
+    from controlplane.executions import actions
+    from controlplane.executions.models import TERMINAL, Execution
+
+    if plain:
+        from bench.tasks import plain_task as task
+    else:
+        from controlplane.executions.tasks import run_execution as task
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        row = actions.create(SNIPPET, owner="bench", timeout_s=10, memory_mb=256)
+        task.delay(str(row.pk))
+        delay = 0.002
+        while Execution.objects.filter(pk=row.pk).values_list("status", flat=True)[0] not in TERMINAL:
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.05)
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=40, help="samples per row")
+    args = parser.parse_args()
+    n = args.n
+    for folder in ("queue", "processed", "control"):
+        (settings.VAR_DIR / "broker" / folder).mkdir(parents=True, exist_ok=True)
+    call_command("migrate", verbosity=0, interactive=False)
+    token = secrets.token_urlsafe(32)
+    host = local.start_host(token, host_id="bench")
+    rows: list[tuple[str, str, str, str]] = []
+    try:
+        time.sleep(0.5)
+        idle_rss = rss_kib(host.popen.pid)
+        base = bare_subprocess(n)
+        pool = SandboxPool(pool_config(local.host_url(host), token))
+        pooled(pool, 3, 1)  # open the connection and warm the host
+        seq, _ = pooled(pool, n, 1)
+        peak = [0]
+        stop = threading.Event()
+
+        def sample_rss() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], rss_kib(host.popen.pid))
+                time.sleep(0.05)
+
+        sampler = threading.Thread(target=sample_rss)
+        sampler.start()
+        conc, throughput = pooled(pool, n * 2, 8)
+        stop.set()
+        sampler.join()
+        pool.close()
+        b50, b95 = ms(base)
+        s50, s95 = ms(seq)
+        c50, c95 = ms(conc)
+        rows.append(("bare subprocess (baseline)", f"{b50:.1f}", f"{b95:.1f}", f"{1000 / b50:.1f}/s"))
+        rows.append(("host, 1 in flight", f"{s50:.1f}", f"{s95:.1f}", f"{1000 / s50:.1f}/s"))
+        rows.append(("host, 8 in flight, 1 connection", f"{c50:.1f}", f"{c95:.1f}", f"{throughput:.1f}/s"))
+
+        env = {"HOLDFAST_SANDBOX_URL": local.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}
+        worker = local.start_worker(env, concurrency=4, name="bench-worker", extra_args=("--include", "bench.tasks"))
+        try:
+            full_path(3, plain=True)
+            full_path(3, plain=False)
+            plain = full_path(n, plain=True)
+            full = full_path(n, plain=False)
+        finally:
+            worker.stop()
+        p50, p95 = ms(plain)
+        f50, f95 = ms(full)
+        rows.append(("plain Celery task (baseline)", f"{p50:.1f}", f"{p95:.1f}", f"{1000 / p50:.1f}/s"))
+        rows.append(("full path: row, Celery, pool, host", f"{f50:.1f}", f"{f95:.1f}", f"{1000 / f50:.1f}/s"))
+    finally:
+        host.stop()
+    db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    print(f"\nHoldfast benchmarks: n={n}, database={db}, broker={settings.CELERY_BROKER_URL.split('://')[0]}, "
+          f"cpus={os.cpu_count()}, python={sys.version.split()[0]}\n")  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    print(f"{'what':<{width}}  {'p50 ms':>8}  {'p95 ms':>8}  {'rate':>9}")
+    for name, p50, p95, rate in rows:
+        print(f"{name:<{width}}  {p50:>8}  {p95:>8}  {rate:>9}")
+    print(f"\nhost resident memory: idle {idle_rss / 1024:.1f} MiB, peak with 8 in flight {peak[0] / 1024:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
