@@ -1,13 +1,20 @@
 """The runner's life: hello -> bundle -> run the job as a child -> stream its lines as events
 -> result. Every control-plane call goes through ``ControlPlaneClient.call``.
 
-Read from the environment: HOLDFAST_CONTROL_PLANE_URL, HOLDFAST_RUN_ID, HOLDFAST_RUN_KEY.
-None of them reaches the child: its environment is built from nothing but PATH, a temp
-HOME, the job's inputs and its injected secrets.
+``python -m runner`` (no arguments) is how a sandbox host starts it: the run id, the run's
+key and the control plane's URL come from HOLDFAST_RUN_ID, HOLDFAST_RUN_KEY and
+HOLDFAST_CONTROL_PLANE_URL. They are taken out of the environment at once, and the job
+child never sees the key: its environment is built from nothing but PATH, a temp HOME,
+the job's inputs and its injected secrets; and the runner makes itself non-dumpable, so
+the job (same uid) cannot read the key from /proc/<runner pid>/environ or ptrace it.
+
+Exit codes: 0 the job succeeded, 1 it did not (or the verdict could not be recorded),
+2 usage (arguments given, or a variable missing).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -28,6 +35,9 @@ from runner.transport import ControlPlaneClient, RunTerminal, TransportError
 DEFAULT_JOB_TIMEOUT_S = 3600.0
 # How long the child's process group has between SIGTERM and SIGKILL.
 DEFAULT_KILL_GRACE_S = 5.0
+
+ENV_NAMES = ("HOLDFAST_CONTROL_PLANE_URL", "HOLDFAST_RUN_ID", "HOLDFAST_RUN_KEY")
+_PR_SET_DUMPABLE = 4
 
 
 @dataclass
@@ -153,8 +163,13 @@ def push_token(client: ControlPlaneClient, scope: str) -> Any:
     return client.call("POST", "push-token", body={"request_key": str(uuid.uuid4()), "scope": scope})
 
 
+def _log_retry(endpoint: str, attempt: int, reason: str) -> None:
+    # Endpoint, a count and a failure class or status: nothing secret can be in it.
+    print(f"runner: event=retry endpoint={endpoint} attempt={attempt} reason={reason!r}", file=sys.stderr, flush=True)
+
+
 def live(base_url: str, run_id: str, run_key: str) -> Outcome:
-    client = ControlPlaneClient(base_url, run_id, run_key)
+    client = ControlPlaneClient(base_url, run_id, run_key, on_retry=_log_retry)
     # One instance id per runner process: a replayed hello is the same claim.
     session = client.call("POST", "hello", body={"instance_id": str(uuid.uuid4())})
     client.authenticate(session["session_token"])
@@ -169,7 +184,29 @@ def live(base_url: str, run_id: str, run_key: str) -> Outcome:
     return outcome
 
 
-def main() -> int:
-    env = os.environ
-    outcome = live(env["HOLDFAST_CONTROL_PLANE_URL"], env["HOLDFAST_RUN_ID"], env["HOLDFAST_RUN_KEY"])
+def _make_non_dumpable() -> None:
+    """The job runs under our uid: without this it could read our environment (the key)
+    from /proc or attach to us. Best effort off Linux."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        print("runner: event=non_dumpable_unavailable", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args:
+        names = ", ".join(ENV_NAMES)
+        print(f"usage: python -m runner (inputs come from the environment: {names})", file=sys.stderr)
+        return 2
+    # Taken out of the environment at once, so nothing started later can inherit them.
+    values = {name: os.environ.pop(name, "") for name in ENV_NAMES}
+    missing = [name for name, value in values.items() if not value]
+    if missing:
+        print(f"runner: missing {', '.join(missing)}", file=sys.stderr)
+        return 2
+    _make_non_dumpable()
+    print(f"runner: event=started run_id={values['HOLDFAST_RUN_ID']} pid={os.getpid()}", file=sys.stderr, flush=True)
+    outcome = live(values["HOLDFAST_CONTROL_PLANE_URL"], values["HOLDFAST_RUN_ID"], values["HOLDFAST_RUN_KEY"])
+    print(f"runner: event=finished status={outcome.status} exit_code={outcome.exit_code}", file=sys.stderr, flush=True)
     return 0 if outcome.status == "succeeded" else 1

@@ -143,6 +143,9 @@ class ControlPlaneClient:
         wall_clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         random: Callable[[], float] = _random.random,
+        # Told (endpoint, attempt just failed, what failed) before each wait for a retry,
+        # so the runner's log shows an outage; the reason is a class or a status, no data.
+        on_retry: Callable[[str, int, str], None] | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -160,6 +163,7 @@ class ControlPlaneClient:
         self._wall_clock = wall_clock
         self._sleep = sleep
         self._random = random
+        self._on_retry = on_retry or (lambda endpoint, attempt, reason: None)
 
     def authenticate(self, bearer: str) -> None:
         """Switch the bearer (from the launch key to the session token after hello)."""
@@ -231,6 +235,7 @@ class ControlPlaneClient:
                         # No guaranteed retry on this path: the server answered, it is up.
                         raise OutageExceeded(endpoint, attempts, f"HTTP {status}")
                     delay = backoff.backoff_delay(retries, self._random())
+                    self._on_retry(endpoint, attempts, f"HTTP {status}")
                     self._sleep(backoff.server_error_wait(delay, self._retry_after(answer), remaining))
                     retries += 1
                     continue
@@ -241,6 +246,7 @@ class ControlPlaneClient:
             )
             if wait is None:
                 raise OutageExceeded(endpoint, attempts, last)
+            self._on_retry(endpoint, attempts, last)
             self._sleep(wait)
             retries += 1
 

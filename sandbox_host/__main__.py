@@ -1,5 +1,5 @@
 """``python -m sandbox_host --listen HOST:PORT [--host-id ID] [--drain-grace-s N]
-[--auth-timeout-s N] [--max-concurrent N] [--isolation NAME]``.
+[--auth-timeout-s N] [--max-concurrent N] [--max-runs N] [--state-dir DIR] [--isolation NAME]``.
 
 The token comes from ``HOLDFAST_SANDBOX_TOKEN`` only (never argv, which ``ps`` shows).
 Exit codes: 0 after a SIGTERM drain, 2 for a usage or configuration error.
@@ -70,6 +70,18 @@ def main(argv: list[str] | None = None) -> int:
         help="executions run at once; more are answered not_started(at_capacity)",
     )
     parser.add_argument(
+        "--max-runs",
+        type=int,
+        default=defaults.DEFAULT_MAX_RUNS,
+        help="run sandboxes alive at once; more launches are answered not_started(at_capacity)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        default="",
+        help="where run records live (default: holdfast-host-<host id> under the temp dir); "
+        "a host restarted with the same directory (and --host-id) can probe the runs it launched",
+    )
+    parser.add_argument(
         "--isolation",
         default="auto",
         help="auto (the strongest that works), or a name to require: bwrap, unshare, unshare-user, rlimits",
@@ -77,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_concurrent < 1:
         parser.error("--max-concurrent must be >= 1")
+    if args.max_runs < 0:
+        parser.error("--max-runs must be >= 0")
 
     # Taken out of our environment so no child we start can inherit it by accident.
     token = os.environ.pop(TOKEN_ENV, "")
@@ -110,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             drain_grace_s=args.drain_grace_s,
             auth_timeout_s=args.auth_timeout_s,
             max_concurrent=args.max_concurrent,
+            max_runs=args.max_runs,
+            state_dir=args.state_dir,
         ),
     )
     drain.append(host.drain_requested)

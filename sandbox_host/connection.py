@@ -161,6 +161,12 @@ class Connection:
                 frame.id, "cancelled", "Execution was cancelled"
             ):
                 self.send(protocol.Error(code="unknown_id", message="no running execution has this id", id=frame.id))
+        elif isinstance(frame, protocol.LaunchRun):
+            self.send(self.host.runs.launch(frame))
+        elif isinstance(frame, protocol.StopRun):
+            self.send(self.host.runs.stop(frame.id))
+        elif isinstance(frame, protocol.ProbeRuns):
+            self.send(self.host.runs.probe(frame))
         elif isinstance(frame, protocol.Auth):
             self.send(protocol.Error(code="bad_field", message="this connection is already authenticated"))
         else:

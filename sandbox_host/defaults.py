@@ -22,6 +22,10 @@ DEFAULT_POLL_INTERVAL_S = 0.1
 DEFAULT_PIPE_DRAIN_S = 1.0
 # The start-up isolation probe runs one trivial child per candidate for at most this long.
 DEFAULT_PROBE_TIMEOUT_S = 10.0
+# CPU seconds a run's processes may each use (RLIMIT_CPU). Runs last hours; the job's own
+# wall clock (at most a day, the control plane's RUNS_MAX_TIMEOUT_S) is enforced by the
+# runner, and this is the backstop for a runner that loses track: a day and an hour.
+DEFAULT_RUN_CPU_S = 25 * 3600
 
 # Limits
 # Executions running at once on this host (admission limit); beyond it the host answers
@@ -48,6 +52,17 @@ DEFAULT_CHILD_UID_BASE = 61000
 DEFAULT_UID_BLOCK_SIZE = 1000
 # How many blocks are tried: hosts one machine can run side by side.
 DEFAULT_UID_BLOCKS = 64
+# Run sandboxes alive at once on this host (launched and not exited); beyond it a
+# launch is answered ``not_started(at_capacity)`` and the control plane tries again.
+# Runs mostly wait on their jobs' output, so many more than executions fit.
+DEFAULT_MAX_RUNS = 64
+# Address space of each process of a run (RLIMIT_AS): the runner, its threads and the
+# job. 2 GiB holds an ordinary interpreter-based job with room; a hog fails alone.
+DEFAULT_RUN_MEMORY_MB = 2048
+# Uids for run sandboxes (root hosts): their own range, away from execution blocks
+# (61000 + 64 * 1000 ends at 125000), because a run outlives the host that started it.
+DEFAULT_RUN_UID_BASE = 200_000
+DEFAULT_RUN_UIDS = 10_000
 # Interpreters tried for user code when the host's own is out of an unprivileged uid's
 # reach (a venv under /root, mode 0700): the system's.
 DEFAULT_FALLBACK_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")

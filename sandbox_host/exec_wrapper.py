@@ -43,7 +43,10 @@ def main(argv: list[str]) -> None:
     os.chdir(spec["cwd"])
     argv_out = spec["argv"]
     # An empty environment: nothing the host knows (its token above all) reaches user code.
-    os.execve(argv_out[0], argv_out, {})  # noqa: S606 - exec without a shell is the point
+    # A run's sandbox names the variables it keeps (its id, key and the control plane's
+    # URL, which the host put in our environment, never in argv where ``ps`` shows them).
+    env = {name: os.environ[name] for name in spec.get("env_names", ()) if name in os.environ}
+    os.execve(argv_out[0], argv_out, env)  # noqa: S606 - exec without a shell is the point
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@ Candidates, strongest first; the first whose probe runs a real child end to end 
 
 A PID namespace is what makes "kill the whole group" complete: the kernel kills every
 process of a namespace when its init dies, setsid'd grandchildren included.
+
+Run sandboxes (``runs.py``) use the same isolation with two differences, both from
+``Isolation.for_runs``: no network namespace, because the runner must reach the
+control plane over HTTP; and no ``--die-with-parent``, because a run outlives the host
+process that started it (a host restart or drain must not kill runs).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ _BWRAP = [
 ]  # fmt: skip
 _UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts", "--"]
 _UNSHARE_USER = ["unshare", "--user", "--map-root-user", *_UNSHARE[1:]]
+# Flags a run's sandbox goes without (see ``Isolation.for_runs``).
+_RUN_DROPPED_FLAGS = frozenset({"--net", "--unshare-net", "--die-with-parent"})
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,12 @@ class Isolation:
 
     def uid_for(self, slot: int) -> int | None:
         return None if self.uid_base is None else self.uid_base + slot
+
+    def for_runs(self) -> tuple[str, ...]:
+        """The prefix a run's sandbox starts under: this one with the network kept (the
+        runner talks HTTP to the control plane) and without ``--die-with-parent`` (the
+        run is detached and survives the host)."""
+        return tuple(part for part in self.prefix if part not in _RUN_DROPPED_FLAGS)
 
 
 def candidates(*, uid_base: int | None) -> list[Isolation]:
@@ -151,6 +164,8 @@ def probe(log: Callable[..., None], *, uid_base: int | None, require: str | None
                 level=level,
                 isolation=isolation.name,
                 no_network=isolation.no_network,
+                # Runs keep the network: the runner must reach the control plane.
+                runs_no_network=False,
                 uid_base=isolation.uid_base,
                 python=isolation.python,
             )

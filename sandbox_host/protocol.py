@@ -12,6 +12,11 @@ reverse):
   ``unknown_type``) and keeps the connection, so a newer sender can probe;
 * a field is never removed or given a new meaning within a major version.
 
+Runs (long-lived sandboxes that host ``python -m runner``) have their own frames, added
+after the execution frames without changing any of them: ``launch_run`` ->
+``run_launched`` (idempotent by run id), ``stop_run`` -> ``run_stopped``, and one
+batched ``probe_runs`` -> ``run_status`` per host.
+
 Errors::
 
     ProtocolError            a frame that cannot be accepted; carries ``code``
@@ -38,9 +43,21 @@ MAX_OUTPUT_BYTES = 1024 * 1024
 OUTPUT_TRUNCATED_MARKER = "\n[holdfast: output truncated at {limit} bytes]\n"
 # Longest execution id accepted: ids are ours (UUIDs), anything longer is forged.
 MAX_ID_CHARS = 64
+# Run ids one ``probe_runs`` may name: a reconcile tick batches a host's runs into one
+# round trip; 1000 live runs on one host is far beyond what a host runs, and the answer
+# stays well under MAX_FRAME_BYTES.
+MAX_PROBE_IDS = 1000
+# A run's launch key (the control plane's keys are ~50 characters) and the control
+# plane's URL: bounded so a frame cannot make the host carry megabytes into a child's
+# environment.
+MAX_RUN_KEY_CHARS = 256
+MAX_URL_CHARS = 2048
 
 # Statuses a host reports for an execution it ran.
 RESULT_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+# What a host knows of a run's sandbox: its process lives, it exited, or this host has
+# no record of it (never launched here, or launched under another state directory).
+RUN_STATUSES = frozenset({"running", "exited", "unknown"})
 
 # Error codes the host may put in an ``error`` frame.
 ERROR_CODES = frozenset(
@@ -78,6 +95,9 @@ class Frame:
     # Field name -> expected Python type, checked by ``decode``.
     required: ClassVar[dict[str, type | tuple[type, ...]]] = {}
 
+    def check(self) -> None:
+        """Field rules beyond types, run by ``decode``; raises ``ProtocolError``."""
+
 
 # --- client -> host -------------------------------------------------------------------
 
@@ -114,6 +134,58 @@ class Cancel(Frame):
     type: ClassVar[str] = "cancel"
     required: ClassVar[dict] = {"id": str}
     id: str
+
+
+@dataclass(frozen=True)
+class LaunchRun(Frame):
+    """Start ``python -m runner`` for run ``id`` in its own detached sandbox, or answer
+    that it was already started (idempotent by run id). ``key`` is the run's launch key,
+    the only secret the sandbox gets."""
+
+    type: ClassVar[str] = "launch_run"
+    required: ClassVar[dict] = {"id": str, "key": str, "control_plane_url": str}
+    id: str
+    key: str
+    control_plane_url: str
+
+    def __repr__(self) -> str:  # never print the key
+        return f"LaunchRun(id={self.id!r}, control_plane_url={self.control_plane_url!r})"
+
+    def check(self) -> None:
+        if not 0 < len(self.key) <= MAX_RUN_KEY_CHARS or not self.key.isprintable() or " " in self.key:
+            # The message never quotes the key.
+            raise ProtocolError("bad_field", "launch_run.key is not a valid key", frame_id=self.id)
+        url = self.control_plane_url
+        if len(url) > MAX_URL_CHARS or not url.startswith(("http://", "https://")) or not url.isprintable():
+            raise ProtocolError("bad_field", "launch_run.control_plane_url must be http(s)://...", frame_id=self.id)
+
+
+@dataclass(frozen=True)
+class StopRun(Frame):
+    """Kill run ``id``'s sandbox (its whole process tree). Idempotent."""
+
+    type: ClassVar[str] = "stop_run"
+    required: ClassVar[dict] = {"id": str}
+    id: str
+
+
+@dataclass(frozen=True)
+class ProbeRuns(Frame):
+    """Ask for the status of several runs' sandboxes at once (one round trip per host).
+    ``ref`` is echoed in the answer so a client may have several probes in flight."""
+
+    type: ClassVar[str] = "probe_runs"
+    required: ClassVar[dict] = {"ids": list}
+    ids: list
+    ref: str = ""
+
+    def check(self) -> None:
+        if len(self.ids) > MAX_PROBE_IDS:
+            raise ProtocolError("bad_field", f"probe_runs.ids holds more than {MAX_PROBE_IDS} ids")
+        if not all(isinstance(i, str) and _valid_id(i) for i in self.ids):
+            raise ProtocolError("bad_field", "probe_runs.ids must be valid ids")
+        if not isinstance(self.ref, str) or len(self.ref) > MAX_ID_CHARS:
+            raise ProtocolError("bad_field", "probe_runs.ref must be a short string")
 
 
 # --- host -> client -------------------------------------------------------------------
@@ -183,8 +255,57 @@ class Error(Frame):
     id: str | None = None
 
 
+@dataclass(frozen=True)
+class RunLaunched(Frame):
+    """Run ``id``'s sandbox was started by this request, or (``already``) by an earlier
+    one, whether it still runs or has exited; nothing new was started then."""
+
+    type: ClassVar[str] = "run_launched"
+    required: ClassVar[dict] = {"id": str}
+    id: str
+    already: bool = False
+
+
+@dataclass(frozen=True)
+class RunStopped(Frame):
+    """Run ``id``'s sandbox is gone (killed now, already exited, or never here)."""
+
+    type: ClassVar[str] = "run_stopped"
+    required: ClassVar[dict] = {"id": str}
+    id: str
+    was_running: bool = False
+
+
+@dataclass(frozen=True)
+class RunStatus(Frame):
+    """Answer to ``probe_runs``: ``statuses`` maps each asked id to
+    ``{"status": "running"|"exited"|"unknown", "exit_code": int | null}``."""
+
+    type: ClassVar[str] = "run_status"
+    required: ClassVar[dict] = {"statuses": dict}
+    statuses: dict
+    ref: str = ""
+
+
 FRAME_TYPES: dict[str, type[Frame]] = {
-    cls.type: cls for cls in (Auth, Execute, Cancel, AuthOk, Started, Result, NotStarted, Draining, Error)
+    cls.type: cls
+    for cls in (
+        Auth,
+        Execute,
+        Cancel,
+        AuthOk,
+        Started,
+        Result,
+        NotStarted,
+        Draining,
+        Error,
+        LaunchRun,
+        StopRun,
+        ProbeRuns,
+        RunLaunched,
+        RunStopped,
+        RunStatus,
+    )
 }
 
 
@@ -227,9 +348,11 @@ def decode(text: str | bytes) -> Frame:
     if "id" in kwargs and isinstance(kwargs["id"], str) and not _valid_id(kwargs["id"]):
         raise ProtocolError("bad_field", f"{kind}.id is not a valid id", frame_id=None)
     try:
-        return cls(**kwargs)
+        frame = cls(**kwargs)
     except TypeError as exc:  # an optional field of the wrong shape is still our error
         raise ProtocolError("bad_field", f"{kind} frame: {exc}", frame_id=frame_id) from None
+    frame.check()
+    return frame
 
 
 def _valid_id(value: str) -> bool:
@@ -248,6 +371,7 @@ def truncate_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
 __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_OUTPUT_BYTES",
+    "MAX_PROBE_IDS",
     "PRE_AUTH_MAX_BYTES",
     "PROTOCOL_VERSION",
     "Auth",
@@ -257,10 +381,16 @@ __all__ = [
     "Error",
     "Execute",
     "Frame",
+    "LaunchRun",
     "NotStarted",
+    "ProbeRuns",
     "ProtocolError",
     "Result",
+    "RunLaunched",
+    "RunStatus",
+    "RunStopped",
     "Started",
+    "StopRun",
     "decode",
     "encode",
     "truncate_output",

@@ -1,5 +1,8 @@
 """The host: a listening socket, one thread per connection, and the SIGTERM drain.
 
+Run sandboxes (``runs.py``) are detached: the drain refuses new launches but never waits
+on or touches a running run; only executions are waited for.
+
 Drain, in order (DESIGN.md, Host): stop accepting (the listening socket is closed, so
 new connections are refused by the kernel); refuse new executions with
 ``not_started(draining)`` before any process exists; tell every authenticated client
@@ -22,6 +25,7 @@ from .connection import CLOSE_GOING_AWAY, Connection
 from .executions import Admission
 from .isolation import Isolation
 from .log import log
+from .runs import RunLimits, RunSandboxes, default_state_dir
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,9 @@ class Settings:
     poll_interval_s: float = defaults.DEFAULT_POLL_INTERVAL_S
     # Limits
     max_concurrent: int = defaults.DEFAULT_MAX_CONCURRENT
+    max_runs: int = defaults.DEFAULT_MAX_RUNS
+    # Where run records live; empty means the default per host id under the temp dir.
+    state_dir: str = ""
 
 
 class Host:
@@ -46,6 +53,12 @@ class Host:
         self.isolation = isolation
         self.settings = settings
         self.admission = Admission(settings.max_concurrent)
+        self.runs = RunSandboxes(
+            state_dir=settings.state_dir or default_state_dir(host_id),
+            isolation=isolation,
+            draining=lambda: self.admission.draining,
+            limits=RunLimits(max_runs=settings.max_runs),
+        )
         self.drain_requested = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[Connection] = set()
