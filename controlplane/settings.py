@@ -277,8 +277,15 @@ EXECUTION_REQUEUE_AFTER_S = env_float("HOLDFAST_EXECUTION_REQUEUE_AFTER_S", 60.0
 # by the runner.
 RUNS_CONTROL_PLANE_URL = env_str("HOLDFAST_CONTROL_PLANE_URL", "http://127.0.0.1:8000")
 # Dotted path of the callable that builds the launch driver (controlplane.runs.launcher).
-# Empty means runs cannot be launched yet: the task retries, then fails the run clearly.
+# Empty means the sandbox hosts' WebSocket driver when HOLDFAST_SANDBOX_URL and _TOKEN
+# are set (the same hosts executions use); with neither, runs cannot be launched: the
+# task retries, then fails the run clearly.
 RUNS_LAUNCH_DRIVER = env_str("HOLDFAST_RUNS_LAUNCH_DRIVER", "")
+# Seconds a host has to answer launch_run once asked (connect and authentication have
+# SANDBOX_CONNECT_TIMEOUT_S). A launch copies the runner and starts one process: well
+# under a second; 30 s covers a host on a loaded machine. A launch unanswered in time
+# may have started: the task retries, which the host's idempotency makes safe.
+RUNS_LAUNCH_REPLY_TIMEOUT_S = env_float("HOLDFAST_RUNS_LAUNCH_REPLY_TIMEOUT_S", 30.0, minimum=1.0)
 # Attempts to hand a claimed run to a host. Every attempt is safe to repeat because the
 # host launches at most one sandbox per run id; the cap only bounds a host-less outage.
 RUNS_LAUNCH_MAX_ATTEMPTS = env_int("HOLDFAST_RUNS_LAUNCH_MAX_ATTEMPTS", 5, minimum=1)

@@ -1,7 +1,10 @@
 """The seam between the launch task and a sandbox host.
 
 The task calls ``launch_on_host``; a driver carries the request to a host. The real
-driver (over the worker's WebSocket pool) is wired by the host work; tests inject one.
+driver is ``host_driver.WebSocketLaunchDriver`` (the sandbox hosts' protocol), chosen
+by default when ``HOLDFAST_SANDBOX_URL`` and ``HOLDFAST_SANDBOX_TOKEN`` are set;
+``HOLDFAST_RUNS_LAUNCH_DRIVER`` names another (tests inject fakes that way, or with
+``set_driver`` for exact interleavings).
 
 Host contract (what any driver must guarantee):
 - A launch starts ``python -m runner`` detached in its own sandbox (the isolation of
@@ -17,7 +20,7 @@ Host contract (what any driver must guarantee):
 Errors::
 
     LaunchError
-    ├── LaunchNotConfigured   no driver is configured (settings.RUNS_LAUNCH_DRIVER)
+    ├── LaunchNotConfigured   no driver is configured (RUNS_LAUNCH_DRIVER, SANDBOX_URL)
     ├── LaunchUnavailable     no host could be reached, or it is draining: retry later
     └── LaunchRefused         a host refused this launch for good: the run fails
 """
@@ -79,9 +82,15 @@ def set_driver(driver: LaunchDriver | None) -> None:
 def get_driver() -> LaunchDriver:
     if _override is not None:
         return _override
-    if not settings.RUNS_LAUNCH_DRIVER:
-        raise LaunchNotConfigured("no launch driver configured (HOLDFAST_RUNS_LAUNCH_DRIVER)")
-    return import_string(settings.RUNS_LAUNCH_DRIVER)()
+    if settings.RUNS_LAUNCH_DRIVER:
+        return import_string(settings.RUNS_LAUNCH_DRIVER)()
+    if settings.SANDBOX_URL and settings.SANDBOX_TOKEN:
+        from .host_driver import WebSocketLaunchDriver
+
+        return WebSocketLaunchDriver.from_settings()
+    raise LaunchNotConfigured(
+        "no launch driver configured (HOLDFAST_SANDBOX_URL and HOLDFAST_SANDBOX_TOKEN, or HOLDFAST_RUNS_LAUNCH_DRIVER)"
+    )
 
 
 def launch_on_host(run_id: str, launch_key: str, control_plane_url: str) -> LaunchAck:

@@ -1,4 +1,4 @@
-"""manage.py create_run --owner X (--shell CMD | --python-file F) [--input k=v] [--secret NAME=VALUE] [--timeout S]"""
+"""manage.py create_run [--owner X] (--shell CMD | --python-file F) [--input k=v] [--secret NAME=VALUE] [--timeout S]"""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class Command(BaseCommand):
     help = "Create a run and launch it; prints the run id."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--owner", required=True)
+        # Whose receipt chain the run joins; an operator's runs share one by default.
+        parser.add_argument("--owner", default="operator")
         code = parser.add_mutually_exclusive_group(required=True)
         code.add_argument("--shell", help="a shell command")
         code.add_argument("--python-file", type=Path, help="a Python file to run")

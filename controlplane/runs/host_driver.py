@@ -1,0 +1,131 @@
+"""The real launch driver: asks a sandbox host over its WebSocket protocol.
+
+One short connection per launch (launches are rare next to executions, so they do not
+share the executions pool): connect, authenticate, send ``launch_run``, await
+``run_launched``. ``HOLDFAST_SANDBOX_URL`` may list several addresses (comma-separated,
+as for the pool) or one balancer.
+
+What each answer proves, and so what the task may do next (DESIGN.md, Runs):
+
+* nothing sent yet (connect or authentication failed, or ``auth_ok`` said draining):
+  the next address is tried at once; none left -> ``LaunchUnavailable`` (retry later);
+* ``not_started`` (draining, at capacity, spawn failed) or ``unknown_type`` (a host of
+  a release without runs): the host started nothing, so the next address is tried;
+* ``run_launched``: done (``already`` when an earlier launch of this run id did it);
+* the connection drops or times out after ``launch_run`` was sent: the host may have
+  started it. ``LaunchUnavailable`` at once, no other address: the task retries later,
+  and a retry that reaches the same host is answered ``already``. One that a balancer
+  sends to another host starts a second runner, whose ``hello`` is refused with
+  ``409 instance_conflict``, so it exits without running the job (docs/runner-api.md);
+* any other ``error`` for this launch: ``LaunchRefused``, the run fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import websocket
+
+from sandbox_host import protocol
+
+from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable
+
+log = logging.getLogger("holdfast.runs")
+
+
+class _TryElsewhere(Exception):
+    """This host started nothing for the run: another address may be asked now."""
+
+
+@dataclass(frozen=True)
+class WebSocketLaunchDriver:
+    urls: tuple[str, ...]
+    token: str
+    # Timeouts
+    connect_timeout_s: float
+    reply_timeout_s: float
+
+    @classmethod
+    def from_settings(cls) -> WebSocketLaunchDriver:
+        from django.conf import settings
+
+        return cls(
+            urls=tuple(u.strip() for u in settings.SANDBOX_URL.split(",") if u.strip()),
+            token=settings.SANDBOX_TOKEN,
+            connect_timeout_s=settings.SANDBOX_CONNECT_TIMEOUT_S,
+            reply_timeout_s=settings.RUNS_LAUNCH_REPLY_TIMEOUT_S,
+        )
+
+    def launch(self, request: LaunchRequest) -> LaunchAck:
+        # A random first address spreads launches over a direct-dial list.
+        start = random.randrange(len(self.urls)) if self.urls else 0
+        reasons = []
+        for url in self.urls[start:] + self.urls[:start]:
+            try:
+                return self._launch_on(url, request)
+            except _TryElsewhere as exc:
+                reasons.append(str(exc))
+                log.info("event=run_launch_elsewhere run_id=%s url=%s reason=%s", request.run_id, url, exc)
+        raise LaunchUnavailable("no host took the run: " + "; ".join(reasons or ["no address configured"]))
+
+    def _launch_on(self, url: str, request: LaunchRequest) -> LaunchAck:
+        ws, auth_ok = self._connect(url)
+        try:
+            if auth_ok.draining:
+                raise _TryElsewhere("draining")
+            frame = protocol.LaunchRun(
+                id=request.run_id, key=request.launch_key, control_plane_url=request.control_plane_url
+            )
+            try:
+                ws.send(protocol.encode(frame))
+            except (OSError, websocket.WebSocketException) as exc:
+                # A send that failed may still have put the frame on the wire.
+                raise LaunchUnavailable(f"connection lost sending the launch: {type(exc).__name__}") from None
+            return self._await_answer(ws, auth_ok.host_id, request.run_id)
+        finally:
+            ws.close()
+
+    def _connect(self, url: str) -> tuple[websocket.WebSocket, protocol.AuthOk]:
+        """Connected and authenticated, or ``_TryElsewhere``: nothing about the run was sent."""
+        try:
+            ws = websocket.create_connection(url, timeout=self.connect_timeout_s)
+        except (OSError, websocket.WebSocketException) as exc:
+            raise _TryElsewhere(f"connect: {type(exc).__name__}") from None
+        try:
+            ws.send(protocol.encode(protocol.Auth(token=self.token, client=f"launcher pid={os.getpid()}")))
+            reply = protocol.decode(ws.recv())
+        except (OSError, websocket.WebSocketException, protocol.ProtocolError) as exc:
+            ws.close()
+            raise _TryElsewhere(f"auth: {type(exc).__name__}") from None
+        if not isinstance(reply, protocol.AuthOk):
+            ws.close()
+            raise _TryElsewhere(f"auth refused: {getattr(reply, 'code', reply.type)}")
+        return ws, reply
+
+    def _await_answer(self, ws: websocket.WebSocket, host_id: str, run_id: str) -> LaunchAck:
+        deadline = time.monotonic() + self.reply_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LaunchUnavailable("the host did not answer the launch in time")
+            ws.settimeout(remaining)
+            try:
+                frame = protocol.decode(ws.recv())
+            except (OSError, websocket.WebSocketException) as exc:
+                raise LaunchUnavailable(f"connection lost awaiting the launch: {type(exc).__name__}") from None
+            except protocol.ProtocolError:
+                continue  # a frame of a newer host we cannot read: not our answer
+            if isinstance(frame, protocol.RunLaunched) and frame.id == run_id:
+                return LaunchAck(host_id=host_id, already_launched=frame.already)
+            if isinstance(frame, protocol.NotStarted) and frame.id == run_id:
+                raise _TryElsewhere(f"not_started({frame.reason})")
+            if isinstance(frame, protocol.Error) and frame.id in (run_id, None):
+                if frame.code == "unknown_type":
+                    # A host of a release without runs: it started nothing.
+                    raise _TryElsewhere("host does not launch runs")
+                raise LaunchRefused(f"host refused the launch: {frame.code}")
+            # ``draining`` after our frame: the host still answers the launch itself.
