@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import pathlib
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -93,3 +96,33 @@ def test_a_job_past_its_timeout_is_killed_and_fails() -> None:
         outcome = live(server.url, "7", RUN_KEY)
     assert (outcome.status, outcome.error) == ("failed", "job timed out")
     assert [e["data"]["line"] for e in plane.events] == ["start"]
+
+
+def _python_m_runner(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    root = pathlib.Path(__file__).resolve().parents[2]
+    base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [sys.executable, "-m", "runner", *args], env={**base, **env}, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_python_m_runner_reads_its_inputs_from_the_environment_and_keeps_them_from_the_job() -> None:
+    job = {"kind": "shell", "command": "env", "timeout_s": 30, "secrets": {}}
+    plane = ControlPlane(job)
+    with scripted_server(plane) as server:
+        done = _python_m_runner(
+            {"HOLDFAST_RUN_ID": "7", "HOLDFAST_RUN_KEY": RUN_KEY, "HOLDFAST_CONTROL_PLANE_URL": server.url}
+        )
+    assert done.returncode == 0, done.stderr
+    lines = [e["data"]["line"] for e in plane.events]
+    assert any(line.startswith("PATH=") for line in lines), lines
+    assert not [line for line in lines if line.startswith("HOLDFAST_") and not line.startswith("HOLDFAST_INPUTS=")]
+    assert RUN_KEY not in json.dumps(plane.events) and RUN_KEY not in done.stderr
+    assert plane.results[0]["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("args", [("--key", RUN_KEY), ()])
+def test_python_m_runner_refuses_arguments_and_missing_inputs(args: tuple[str, ...]) -> None:
+    done = _python_m_runner({"HOLDFAST_RUN_ID": "7"}, *args)
+    assert done.returncode == 2
+    assert RUN_KEY not in done.stderr

@@ -18,6 +18,12 @@ EVERY_FRAME = [
     p.NotStarted(id="e-1", reason="draining"),
     p.Draining(grace_ms=60_000),
     p.Error(code="bad_field", message="m", id="e-1"),
+    p.LaunchRun(id="r-1", key="hfl_k", control_plane_url="http://cp:8000"),
+    p.RunLaunched(id="r-1", already=True),
+    p.StopRun(id="r-1"),
+    p.RunStopped(id="r-1", was_running=True),
+    p.ProbeRuns(ids=["r-1", "r-2"], ref="p"),
+    p.RunStatus(statuses={"r-1": {"status": "running", "exit_code": None}}, ref="p"),
 ]
 
 
@@ -95,3 +101,32 @@ def test_truncation_never_splits_a_multibyte_character():
 def test_every_status_and_error_code_is_a_known_constant():
     assert {"succeeded", "failed", "timed_out", "cancelled"} == p.RESULT_STATUSES
     assert {"auth_failed", "unauthenticated", "duplicate_id", "unknown_type"} <= p.ERROR_CODES
+
+
+def test_a_launch_never_prints_its_key():
+    frame = p.LaunchRun(id="r-1", key="hfl_secret_key", control_plane_url="http://cp")
+    assert "hfl_secret_key" not in repr(frame) and "hfl_secret_key" not in str(frame)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"type": "launch_run", "id": "r", "key": "", "control_plane_url": "http://cp"}',
+        '{"type": "launch_run", "id": "r", "key": "a b", "control_plane_url": "http://cp"}',
+        '{"type": "launch_run", "id": "r", "key": "k", "control_plane_url": "ftp://cp"}',
+        '{"type": "probe_runs", "ids": ["ok", 7]}',
+        '{"type": "probe_runs", "ids": ["../x"]}',
+        '{"type": "probe_runs", "ids": "r-1"}',
+    ],
+)
+def test_run_frames_with_bad_fields_are_refused(text):
+    with pytest.raises(p.ProtocolError) as caught:
+        p.decode(text)
+    assert caught.value.code in ("bad_field", "missing_field")
+
+
+def test_a_probe_is_bounded():
+    ids = [f"r{i}" for i in range(p.MAX_PROBE_IDS + 1)]
+    with pytest.raises(p.ProtocolError):
+        p.decode(json.dumps({"type": "probe_runs", "ids": ids}))
+    assert len(p.decode(json.dumps({"type": "probe_runs", "ids": ids[:-1]})).ids) == p.MAX_PROBE_IDS
