@@ -129,7 +129,8 @@ def test_a_host_that_said_draining_is_marked_draining_and_comes_back_when_restar
 
 def test_an_operator_drain_sticks_and_is_what_pools_apply():
     row = SandboxHost.objects.create(name="h1", address="ws://10.0.0.1:8765")
-    SandboxHost.objects.create(name="h2")
+    # A host that drains on its own is not pushed to the pools: it clears itself on return.
+    SandboxHost.objects.create(name="h2", state=State.DRAINING, drained_by=DrainSource.HOST, address="ws://h2")
     assert actions.drain(row)
     assert actions.operator_drains() == ({"h1"}, {"ws://10.0.0.1:8765"})
     actions.observe("w1", snapshots.summarize([conn("h1", age=0.1)], {}), now=timezone.now() + timedelta(seconds=1))

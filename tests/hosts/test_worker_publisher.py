@@ -71,9 +71,12 @@ class Stream:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def outcomes(self) -> dict[str, tuple[str, str, str]]:
         from controlplane.executions.models import TERMINAL, Execution
@@ -110,11 +113,12 @@ def test_drain_host_retires_connections_now_and_waits_for_in_flight_work(sandbox
             drained_in = time.monotonic() - started
             after_drain = len(stream.ids)
             time.sleep(2)
+            stream.stop()  # then wait while the worker still runs, so nothing stays queued
+            outcomes = stream.outcomes()
         text = out.getvalue()
         assert "alpha: empty" in text, text
         assert "\r[" in text  # the progress line is rewritten in place
         assert host_figures("alpha")["connections"] == 0
-        outcomes = stream.outcomes()
         failures = {stream.ids.index(k): v for k, v in outcomes.items() if v[0] != "succeeded"}
         assert failures == {}, [line for line in beta.log_lines if "kill" in line.lower() or "cancel" in line][:8]
         # Everything submitted after the drain finished ran on beta.
@@ -158,6 +162,7 @@ def test_a_host_that_gets_sigterm_shows_as_draining_then_gone(sandbox_token):
                 what="gamma to be gone",
             )
             assert SandboxHost.objects.get(name="delta").state == State.ACTIVE
-        outcomes = stream.outcomes()
+            stream.stop()
+            outcomes = stream.outcomes()
         failures = {k: v for k, v in outcomes.items() if v[0] != "succeeded"}
         assert failures == {}

@@ -149,6 +149,9 @@ class Command(BaseCommand):
             stream.stop()
             if worker is not None:
                 worker.stop()
+                if self._counts(stream)["running"]:
+                    # Work never picked up: the worker's own words are the diagnosis.
+                    self.stdout.write("worker output (last 30 lines):\n" + "\n".join(worker.lines[-30:]))
             for child in children.values():
                 child.stop()
             balancer.close()
