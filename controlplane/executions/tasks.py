@@ -8,6 +8,7 @@ import socket
 import time
 
 from celery import shared_task
+from django.db import OperationalError
 
 from controlplane.executions import actions
 from controlplane.executions.models import Execution
@@ -19,12 +20,22 @@ log = logging.getLogger("holdfast.executions")
 # A running execution checks its row for a cancel request at most this often: one
 # indexed read a second per execution is cheap, and a cancel lands within a second.
 CANCEL_POLL_INTERVAL_S = 1.0
+# A claim that hit a database error is retried with exponential backoff capped here.
+CLAIM_RETRY_MAX_S = 30.0
+# Writing a result: 1 + 2 + 4 + 8 + 16 s of patience before giving up to the sweep.
+STORE_ATTEMPTS = 6
 
 
-@shared_task(name="controlplane.executions.tasks.run_execution", acks_late=True)
-def run_execution(execution_id: str) -> None:
+@shared_task(name="controlplane.executions.tasks.run_execution", acks_late=True, bind=True, max_retries=None)
+def run_execution(self, execution_id: str) -> None:
     # Claim before anything is sent: a redelivered message finds the row taken and stops.
-    if not actions.claim(execution_id, worker=f"{socket.gethostname()} pid={os.getpid()}"):
+    try:
+        claimed = actions.claim(execution_id, worker=f"{socket.gethostname()} pid={os.getpid()}")
+    except OperationalError as exc:
+        # The database is unreachable or (SQLite) locked: nothing was claimed or sent, so
+        # trying again later is safe. Without this the message would be acked and lost.
+        raise self.retry(exc=exc, countdown=min(2**self.request.retries, CLAIM_RETRY_MAX_S)) from None
+    if not claimed:
         log.info("event=execution_claim_lost execution_id=%s", execution_id)
         return
     row = Execution.objects.only("code", "timeout_ms", "memory_mb").get(pk=execution_id)
@@ -33,7 +44,7 @@ def run_execution(execution_id: str) -> None:
         ExecRequest(id=execution_id, code=row.code, timeout_ms=row.timeout_ms, memory_mb=row.memory_mb),
         cancel=cancel,
     )
-    actions.finish(execution_id, outcome)
+    _store(execution_id, outcome)
     log.info(
         "event=execution_finished execution_id=%s status=%s host_id=%s attempts=%d",
         execution_id,
@@ -41,6 +52,19 @@ def run_execution(execution_id: str) -> None:
         outcome.host_id,
         outcome.attempts,
     )
+
+
+def _store(execution_id: str, outcome) -> None:
+    """Record the outcome, riding out a short database outage: the execution has run and
+    must not be reported as interrupted because one write hit a locked database."""
+    for attempt in range(STORE_ATTEMPTS):
+        try:
+            actions.finish(execution_id, outcome)
+            return
+        except OperationalError:
+            if attempt == STORE_ATTEMPTS - 1:
+                raise
+            time.sleep(min(2**attempt, CLAIM_RETRY_MAX_S))
 
 
 @shared_task(name="controlplane.executions.tasks.sweep_executions")
