@@ -38,7 +38,7 @@ def run_execution(self, execution_id: str) -> None:
     if not claimed:
         log.info("event=execution_claim_lost execution_id=%s", execution_id)
         return
-    row = Execution.objects.only("code", "timeout_ms", "memory_mb").get(pk=execution_id)
+    row = _with_db_patience(lambda: Execution.objects.only("code", "timeout_ms", "memory_mb").get(pk=execution_id))
     cancel = _cancel_check(execution_id)
     outcome = get_pool().run(
         ExecRequest(id=execution_id, code=row.code, timeout_ms=row.timeout_ms, memory_mb=row.memory_mb),
@@ -57,14 +57,19 @@ def run_execution(self, execution_id: str) -> None:
 def _store(execution_id: str, outcome) -> None:
     """Record the outcome, riding out a short database outage: the execution has run and
     must not be reported as interrupted because one write hit a locked database."""
+    if not _with_db_patience(lambda: actions.finish(execution_id, outcome)):
+        log.warning("event=execution_result_not_recorded execution_id=%s reason=not_running", execution_id)
+
+
+def _with_db_patience(call):
     for attempt in range(STORE_ATTEMPTS):
         try:
-            actions.finish(execution_id, outcome)
-            return
+            return call()
         except OperationalError:
             if attempt == STORE_ATTEMPTS - 1:
                 raise
             time.sleep(min(2**attempt, CLAIM_RETRY_MAX_S))
+    raise AssertionError("unreachable")
 
 
 @shared_task(name="controlplane.executions.tasks.sweep_executions")

@@ -14,6 +14,7 @@ may have run on the host, so it is resolved as interrupted and never re-sent.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,11 @@ log = logging.getLogger("holdfast.pool")
 
 OPEN, RETIRING, CLOSED = "open", "retiring", "closed"
 
+# Socket timeout once connected. It bounds every send, so a host that stopped reading
+# (frozen, partitioned) cannot hold a caller, the send lock or the housekeeper beyond
+# it; the reader treats a quiet socket as quiet and keeps waiting.
+IO_TIMEOUT_S = 5.0
+
 
 class ConnectFailed(Exception):
     """Connecting or authenticating failed; nothing was sent on this connection."""
@@ -41,12 +47,16 @@ class Pending:
     dropped: bool = False
     started_at: float = field(default_factory=time.monotonic)
 
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
     def resolve(self, frame: protocol.Frame | None, *, dropped: bool = False) -> None:
-        if self.done.is_set():
-            return
-        self.frame = frame
-        self.dropped = dropped
-        self.done.set()
+        # The reader (an answer) and a closing thread (a drop) may race: the first wins.
+        with self._lock:
+            if self.done.is_set():
+                return
+            self.frame = frame
+            self.dropped = dropped
+            self.done.set()
 
 
 class HostConnection:
@@ -79,7 +89,7 @@ class HostConnection:
     def connect(self, token: str, *, timeout_s: float, client: str) -> None:
         try:
             ws = websocket.create_connection(self.url, timeout=timeout_s, enable_multithread=True)
-        except (OSError, websocket.WebSocketException) as exc:
+        except Exception as exc:  # any failure to connect is a failed connect, nothing more
             raise ConnectFailed(_describe(exc)) from None
         try:
             ws.send(protocol.encode(protocol.Auth(token=token, client=client)))
@@ -91,8 +101,7 @@ class HostConnection:
             ws.shutdown()
             detail = reply.message if isinstance(reply, protocol.Error) else reply.type
             raise ConnectFailed(f"authentication refused ({detail})")
-        # The reader blocks in recv for the life of the connection; close() unblocks it.
-        ws.settimeout(None)
+        ws.settimeout(IO_TIMEOUT_S)
         self._ws = ws
         self.host_id = reply.host_id
         self.opened_at = self._clock()
@@ -134,18 +143,29 @@ class HostConnection:
             self.close("retired")
         self._on_change()
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, *, graceful: bool = True) -> None:
+        """Close the connection and resolve whatever is still pending as dropped.
+
+        ``graceful=False`` skips the close frame: after a send failed part-way, any further
+        byte would be read by the host as the rest of that frame."""
         with self._lock:
             if self.state == CLOSED:
                 return
             self.state = CLOSED
             ws = self._ws
         if ws is not None:
-            try:
-                ws.send_close(websocket.STATUS_NORMAL, reason.encode()[:120])
-            except (OSError, websocket.WebSocketException):
-                pass
-            # Unblocks the reader's recv; the host has the close frame already.
+            if graceful:
+                try:
+                    ws.send_close(websocket.STATUS_NORMAL, reason.encode()[:120])
+                except (OSError, websocket.WebSocketException):
+                    pass
+            # shutdown() wakes the reader blocked in recv (close() alone does not on Linux)
+            # and sends the FIN the balancer and the host see.
+            if ws.sock is not None:
+                try:
+                    ws.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             ws.shutdown()
         self._fail_pending()
         log.info("event=connection_closed host_id=%s reason=%r age_s=%.1f", self.host_id, reason, self.age())
@@ -176,12 +196,13 @@ class HostConnection:
             return None
         try:
             # websocket-client writes the whole frame or raises: a frame the host did not
-            # receive in full cannot be parsed, let alone run, so a failure here is movable.
+            # receive in full cannot be parsed, let alone run, so a failure here is movable,
+            # provided nothing more is written after it (hence graceful=False).
             self._ws.send(frame)
         except (OSError, websocket.WebSocketException):
             with self._lock:
                 self._pending.pop(request.id, None)
-            self.close("send failed")
+            self.close("send failed", graceful=False)
             return None
         return pending
 
@@ -194,10 +215,11 @@ class HostConnection:
         except (OSError, websocket.WebSocketException):
             pass
 
-    def forget(self, execution_id: str) -> None:
-        """The caller is done with ``execution_id`` (answered, cancelled or given up)."""
+    def forget(self, execution_id: str, *, ran: bool = True) -> None:
+        """The caller is done with ``execution_id`` (answered, cancelled or given up).
+        ``ran=False`` for a not_started answer: it does not count as a finish."""
         with self._lock:
-            if self._pending.pop(execution_id, None) is not None:
+            if self._pending.pop(execution_id, None) is not None and ran:
                 self.finished_count += 1
             close = self.state == RETIRING and not self._pending
         if close:
@@ -211,7 +233,14 @@ class HostConnection:
         assert ws is not None
         try:
             while True:
-                opcode, data = ws.recv_data(control_frame=False)
+                try:
+                    opcode, data = ws.recv_data(control_frame=False)
+                except websocket.WebSocketTimeoutException:
+                    # A quiet socket, not a dead one. websocket-client keeps a partly read
+                    # frame in its buffer, so the next recv resumes where this one stopped.
+                    if self.state == CLOSED:
+                        break
+                    continue
                 if opcode == websocket.ABNF.OPCODE_CLOSE:
                     break
                 if opcode not in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
@@ -247,6 +276,7 @@ class HostConnection:
 
 
 def _describe(exc: BaseException) -> str:
-    # Never the URL's query or any frame payload: only the class and the OS reason.
+    # Only the class and the first line of the OS reason, bounded: a handshake error's
+    # text can carry response headers, and nothing here may echo a frame or the URL.
     text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{exc.__class__.__name__}: {text}"[:200] if text else exc.__class__.__name__
+    return f"{exc.__class__.__name__}: {text}"[:120] if text else exc.__class__.__name__

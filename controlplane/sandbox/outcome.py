@@ -16,11 +16,14 @@ MISCONFIGURED = "The sandbox pool is not configured: {missing} is not set"
 AT_CAPACITY = "Code execution is at capacity: no sandbox connection was free within {seconds:g} s"
 CONNECT_FAILED = "Could not reach a sandbox host at {url}: {reason}"
 NOT_PLACED = "Code execution could not be placed on a sandbox host after {moves} moves"
+TOO_LARGE = "Code is too large to send to a sandbox host ({size} bytes encoded; the limit is {limit})"
 # DESIGN.md, seed 000: an execution that may have reached the host is never re-run; it
 # fails with exactly this text when its connection drops.
 INTERRUPTED = "Code execution was interrupted because the connection to its sandbox host closed"
 
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "interrupted"})
+# What a host may report for an execution it ran (the rest are the pool's own verdicts).
+RESULT_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ Rules it implements (DESIGN.md, "Executions"):
   a max age jittered *down* by up to 20%, so a host a balancer deregistered drains
   before its deregistration delay ends;
 * an execution whose connection was closing when it was dispatched, or that the host
-  answered ``not_started``, never ran: it moves to another connection, at most 3 times;
+  answered ``not_started``, never ran: it moves to another connection, at most 3 times
+  (a host merely at capacity is waited for instead, within the acquire timeout);
 * an execution that may have reached the host is never re-run: a drop fails it as
   interrupted;
 * a call cancelled before dispatch, or made with no pool configured, returns at once,
@@ -22,23 +23,27 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from controlplane.sandbox import outcome as texts
 from controlplane.sandbox.connection import CLOSED, OPEN, RETIRING, ConnectFailed, HostConnection, Pending
-from controlplane.sandbox.outcome import ExecRequest, Outcome
+from controlplane.sandbox.outcome import RESULT_STATUSES, ExecRequest, Outcome
 from sandbox_host import protocol
 
 log = logging.getLogger("holdfast.pool")
 
-# How often the housekeeper looks for connections past their max age. A second is far
-# below any max age we accept (>= 1 s) and costs nothing with a handful of connections.
+# How often the housekeeper looks for connections past their max age. Half a second is
+# far below any max age we accept (>= 1 s) and costs nothing with a handful of connections.
 HOUSEKEEPING_INTERVAL_S = 0.5
 # How long a cancelled execution waits for the host's answer before giving up on it.
 CANCEL_ACK_WAIT_S = 5.0
 # Poll slice while waiting for a result, so a caller's cancel is seen promptly.
 WAIT_SLICE_S = 0.1
-
+# Backoff between connection attempts that failed, or landed on a draining host, and
+# between retries of a host that answered at_capacity.
+RETRY_BACKOFF_FIRST_S = 0.05
+RETRY_BACKOFF_MAX_S = 1.0
 # Finishes remembered for per-host rates: enough for minutes of a busy worker.
 FINISHED_HISTORY = 10_000
 
@@ -48,7 +53,7 @@ CancelCheck = Callable[[], bool]
 @dataclass(frozen=True)
 class PoolConfig:
     url: str
-    token: str
+    token: str = field(repr=False)
     max_age_s: float
     max_age_jitter: float
     per_connection_limit: int
@@ -75,9 +80,16 @@ class PoolConfig:
             result_grace_s=settings.SANDBOX_RESULT_GRACE_S,
         )
 
+    def urls(self) -> list[str]:
+        """One address (a balancer, or one host) or a comma-separated list of hosts the
+        pool dials directly, in turn."""
+        return [u.strip() for u in self.url.split(",") if u.strip()]
+
     def missing(self) -> str:
-        if not self.url:
-            return "HOLDFAST_SANDBOX_URL"
+        """Which setting is absent or unusable; empty when the pool can dial."""
+        urls = self.urls()
+        if not urls or any(urlsplit(u).scheme not in {"ws", "wss"} or not urlsplit(u).hostname for u in urls):
+            return "HOLDFAST_SANDBOX_URL" if not urls else "a usable HOLDFAST_SANDBOX_URL (ws:// or wss://)"
         if not self.token:
             return "HOLDFAST_SANDBOX_TOKEN"
         return ""
@@ -85,6 +97,12 @@ class PoolConfig:
 
 class _AtCapacity(Exception):
     pass
+
+
+def _public(url: str) -> str:
+    """scheme://host:port only: never credentials, a path or a query in an error text."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
 class SandboxPool:
@@ -96,13 +114,12 @@ class SandboxPool:
         self._opening = 0
         self._closed = False
         self._housekeeper: threading.Thread | None = None
+        self._hook_runner: threading.Thread | None = None
         self._client = f"worker pid={os.getpid()}"
         self._hooks: list[Callable[[SandboxPool], None]] = []
         # (monotonic time, host id) of recent finishes, for the drain page's rates.
         self._finished: deque[tuple[float, str]] = deque(maxlen=FINISHED_HISTORY)
-        # HOLDFAST_SANDBOX_URL is one address (a balancer, or one host) or a comma-separated
-        # list of hosts the pool dials directly, in turn.
-        self._urls = [u.strip() for u in config.url.split(",") if u.strip()]
+        self._urls = config.urls()
         self._next_url = 0
         self._draining_ids: frozenset[str] = frozenset()
         self._draining_urls: frozenset[str] = frozenset()
@@ -112,15 +129,23 @@ class SandboxPool:
     def run(self, request: ExecRequest, *, cancel: CancelCheck | None = None) -> Outcome:
         """Run one execution to its end. Never raises for the execution's own fate."""
         # Cheap local answers first: nothing here may wait on the network.
-        if cancel is not None and cancel():
+        if _cancelled(cancel):
             return Outcome.system("cancelled", texts.CANCELLED, attempts=0)
         missing = self.config.missing()
         if missing:
             return Outcome.system("failed", texts.MISCONFIGURED.format(missing=missing), attempts=0)
+        frame_bytes = len(_execute_frame(request).encode())
+        if frame_bytes > protocol.MAX_FRAME_BYTES:
+            # Sent anyway, the host would close the connection and fail every execution
+            # sharing it; refused here, nothing was sent.
+            return Outcome.system(
+                "failed", texts.TOO_LARGE.format(size=frame_bytes, limit=protocol.MAX_FRAME_BYTES), attempts=0
+            )
         self._ensure_housekeeper()
         deadline = time.monotonic() + self.config.acquire_timeout_s
         moves = 0
-        refused: set[int] = set()  # connections that answered not_started for this request
+        busy_backoff = RETRY_BACKOFF_FIRST_S
+        refused: set[HostConnection] = set()  # answered not_started for this request
         while True:
             try:
                 conn = self._acquire(deadline, cancel, avoid=refused)
@@ -130,23 +155,39 @@ class SandboxPool:
                 )
             except ConnectFailed as exc:
                 return Outcome.system(
-                    "failed", texts.CONNECT_FAILED.format(url=self.config.url, reason=exc), attempts=moves + 1
+                    "failed",
+                    texts.CONNECT_FAILED.format(url=", ".join(map(_public, self._urls)), reason=exc),
+                    attempts=moves + 1,
                 )
             if conn is None:  # cancelled while waiting for a slot: nothing was sent
                 return Outcome.system("cancelled", texts.CANCELLED, attempts=moves + 1)
             pending = conn.dispatch(request)
             if pending is not None:
-                result = self._await(conn, pending, request, cancel, attempts=moves + 1)
-                if result is not None:
-                    return result
-                refused.add(id(conn))
+                answer = self._await(conn, pending, request, cancel, attempts=moves + 1)
+                if isinstance(answer, Outcome):
+                    return answer
+                if answer.reason == "at_capacity":
+                    # Busy, not leaving: wait a little and try again, within the acquire
+                    # timeout, rather than spending a move on every refusal of a burst.
+                    if time.monotonic() + busy_backoff > deadline:
+                        return Outcome.system(
+                            "failed",
+                            texts.AT_CAPACITY.format(seconds=self.config.acquire_timeout_s),
+                            attempts=moves + 1,
+                        )
+                    time.sleep(busy_backoff)
+                    busy_backoff = min(busy_backoff * 2, RETRY_BACKOFF_MAX_S)
+                    continue
+                refused.add(conn)
             # It never left this process (or the host refused it before creating a child).
+            if _cancelled(cancel):
+                return Outcome.system("cancelled", texts.CANCELLED, attempts=moves + 1)
+            if moves >= self.config.max_moves:
+                return Outcome.system(
+                    "failed", texts.NOT_PLACED.format(moves=self.config.max_moves), attempts=moves + 1
+                )
             moves += 1
             log.info("event=execution_moved execution_id=%s from_host_id=%s moves=%d", request.id, conn.host_id, moves)
-            if moves > self.config.max_moves:
-                return Outcome.system("failed", texts.NOT_PLACED.format(moves=self.config.max_moves), attempts=moves)
-            if cancel is not None and cancel():
-                return Outcome.system("cancelled", texts.CANCELLED, attempts=moves)
 
     def snapshot(self) -> list[dict]:
         """Per connection: host, state, age, in flight. For the drain page and tests."""
@@ -177,7 +218,8 @@ class SandboxPool:
 
     def add_housekeeping_hook(self, hook: Callable[[SandboxPool], None]) -> None:
         """Call ``hook(pool)`` on every housekeeping tick (publishing snapshots, applying
-        operator drains). A failing hook is logged and never stops housekeeping."""
+        operator drains), on a thread of their own: a hook stuck on a slow cache or
+        database never holds up connection retirement. A failing hook is logged."""
         self._hooks.append(hook)
         self._ensure_housekeeper()
 
@@ -208,10 +250,9 @@ class SandboxPool:
     # --- internals -----------------------------------------------------------------
 
     def _acquire(
-        self, deadline: float, cancel: CancelCheck | None, avoid: set[int] = frozenset()
+        self, deadline: float, cancel: CancelCheck | None, avoid: set[HostConnection] = frozenset()
     ) -> HostConnection | None:
-        backoff = 0.05
-        last_error: ConnectFailed | None = None
+        backoff = RETRY_BACKOFF_FIRST_S
         while True:
             with self._lock:
                 if self._closed:
@@ -220,8 +261,9 @@ class SandboxPool:
                 best = self._least_loaded(avoid)
                 if best is not None:
                     return best
-                # Retiring connections do not count: a replacement may open while they drain.
-                live = sum(1 for c in self._connections if c.state == OPEN) + self._opening
+                # Retiring and expired connections do not count: a replacement may open
+                # while they drain (the housekeeper retires the expired ones).
+                live = sum(1 for c in self._connections if c.state == OPEN and not c.expired()) + self._opening
                 # One connection opens at a time: callers arriving together share it
                 # (up to the per-connection limit) instead of each dialing its own.
                 may_open = live < self.config.max_connections and self._opening == 0
@@ -232,34 +274,34 @@ class SandboxPool:
                     if remaining <= 0:
                         raise _AtCapacity()
                     self._lock.wait(min(remaining, WAIT_SLICE_S))
-            if cancel is not None and cancel():
+            if _cancelled(cancel):
                 return None
             if not may_open:
                 continue
             conn = self._new_connection()
             try:
                 conn.connect(self.config.token, timeout_s=self.config.connect_timeout_s, client=self._client)
+                if conn.host_id in self._draining_ids or conn.state != OPEN:
+                    # Behind a balancer the pool cannot choose the host; a drained or
+                    # draining one is let go at once and the next attempt dials again.
+                    conn.retire("operator drain" if conn.host_id in self._draining_ids else "host draining")
+                    raise ConnectFailed(f"host {conn.host_id} is draining")
             except ConnectFailed as exc:
-                last_error = exc
-                log.warning("event=connect_failed url=%s reason=%r", self.config.url, str(exc))
-                with self._lock:
-                    self._opening -= 1
-                    self._lock.notify_all()
+                log.warning("event=connect_failed url=%s reason=%r", _public(conn.url), str(exc))
                 # A restarting balancer or host refuses for a moment; keep trying until the
                 # caller's deadline, then report the last reason.
                 if time.monotonic() + backoff > deadline:
-                    raise last_error from None
+                    raise
                 time.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+                backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
                 continue
-            with self._lock:
-                self._opening -= 1
-                self._connections.append(conn)
-                self._lock.notify_all()
-            if conn.host_id in self._draining_ids:
-                # Behind a balancer the pool cannot choose the host; a drained one is
-                # retired at once and the next attempt dials again.
-                conn.retire("operator drain")
+            else:
+                with self._lock:
+                    self._connections.append(conn)
+            finally:
+                with self._lock:
+                    self._opening -= 1
+                    self._lock.notify_all()
 
     def _pick_url(self) -> str:
         candidates = [u for u in self._urls if u not in self._draining_urls] or self._urls
@@ -278,8 +320,8 @@ class SandboxPool:
             on_change=self._changed,
         )
 
-    def _least_loaded(self, avoid: set[int]) -> HostConnection | None:
-        candidates = [c for c in self._connections if c.can_take() and id(c) not in avoid]
+    def _least_loaded(self, avoid: set[HostConnection]) -> HostConnection | None:
+        candidates = [c for c in self._connections if c.can_take() and c not in avoid]
         if not candidates:
             return None
         return min(candidates, key=lambda c: c.in_flight)
@@ -299,12 +341,12 @@ class SandboxPool:
         cancel: CancelCheck | None,
         *,
         attempts: int,
-    ) -> Outcome | None:
-        """Wait for the host's answer. ``None`` means it answered not_started: movable."""
+    ) -> Outcome | protocol.NotStarted:
+        """Wait for the host's answer: an outcome, or its not_started refusal (movable)."""
         backstop = time.monotonic() + request.timeout_ms / 1000 + self.config.result_grace_s
         try:
             while not pending.done.wait(WAIT_SLICE_S):
-                if cancel is not None and cancel():
+                if _cancelled(cancel):
                     conn.cancel(request.id)
                     pending.done.wait(CANCEL_ACK_WAIT_S)
                     return self._finish(conn, pending, attempts, cancelled=True)
@@ -319,20 +361,29 @@ class SandboxPool:
                     )
             return self._finish(conn, pending, attempts)
         finally:
-            conn.forget(request.id)
-            if pending.frame is not None:
+            ran = not isinstance(pending.frame, protocol.NotStarted)
+            conn.forget(request.id, ran=ran)
+            if pending.frame is not None and ran:
                 self._finished.append((time.monotonic(), conn.host_id))
 
     def _finish(
         self, conn: HostConnection, pending: Pending, attempts: int, *, cancelled: bool = False
-    ) -> Outcome | None:
+    ) -> Outcome | protocol.NotStarted:
         frame = pending.frame
         if isinstance(frame, protocol.NotStarted):
             if frame.reason == "draining":
                 # Its draining frame may still be on the way; this answer says the same.
                 conn.retire("host refused new work: draining")
-            return None
+            return frame
         if isinstance(frame, protocol.Result):
+            if frame.status not in RESULT_STATUSES:
+                return Outcome.system(
+                    "failed",
+                    f"The sandbox host reported an unknown status {frame.status[:40]!r}",
+                    host_id=conn.host_id,
+                    attempts=attempts,
+                    sent=True,
+                )
             return Outcome(
                 status=frame.status,
                 exit_code=frame.exit_code,
@@ -361,13 +412,15 @@ class SandboxPool:
     # --- housekeeping --------------------------------------------------------------
 
     def _ensure_housekeeper(self) -> None:
-        if self._housekeeper is not None and self._housekeeper.is_alive():
-            return
         with self._lock:
-            if self._housekeeper is not None and self._housekeeper.is_alive():
-                return
-            self._housekeeper = threading.Thread(target=self._housekeep, name="holdfast-pool-housekeeper", daemon=True)
-            self._housekeeper.start()
+            if self._housekeeper is None or not self._housekeeper.is_alive():
+                self._housekeeper = threading.Thread(
+                    target=self._housekeep, name="holdfast-pool-housekeeper", daemon=True
+                )
+                self._housekeeper.start()
+            if self._hooks and (self._hook_runner is None or not self._hook_runner.is_alive()):
+                self._hook_runner = threading.Thread(target=self._run_hooks, name="holdfast-pool-hooks", daemon=True)
+                self._hook_runner.start()
 
     def _housekeep(self) -> None:
         # Idle connections must age out too: a deregistered host keeps an idle socket
@@ -382,12 +435,37 @@ class SandboxPool:
                     conn.retire("max age")
                 elif conn.state == RETIRING and conn.in_flight == 0:
                     conn.close("retired")
+            time.sleep(HOUSEKEEPING_INTERVAL_S)
+
+    def _run_hooks(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
             for hook in list(self._hooks):
                 try:
                     hook(self)
                 except Exception:
                     log.exception("event=housekeeping_hook_failed hook=%s", getattr(hook, "__name__", hook))
             time.sleep(HOUSEKEEPING_INTERVAL_S)
+
+
+def _execute_frame(request: ExecRequest) -> str:
+    return protocol.encode(
+        protocol.Execute(id=request.id, code=request.code, timeout_ms=request.timeout_ms, memory_mb=request.memory_mb)
+    )
+
+
+def _cancelled(cancel: CancelCheck | None) -> bool:
+    """A cancel check that raises (its database read failed) counts as not cancelled:
+    the execution's fate must not hang on a flaky probe."""
+    if cancel is None:
+        return False
+    try:
+        return bool(cancel())
+    except Exception:
+        log.warning("event=cancel_check_failed", exc_info=True)
+        return False
 
 
 # --- the process-wide pool ------------------------------------------------------------
@@ -415,9 +493,11 @@ def reset_pool() -> None:
 
 
 def _after_fork() -> None:
-    global _pool
-    # A forked child must not use its parent's sockets or threads; start afresh.
+    global _pool, _pool_lock
+    # A forked child must not use its parent's sockets or threads, nor a lock another
+    # parent thread held at the fork: start afresh.
     _pool = None
+    _pool_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork)
