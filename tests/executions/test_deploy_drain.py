@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
@@ -102,6 +103,11 @@ def deploy_under_load(sandbox_token: str, max_age_s: float) -> DeployReport:
                 report.statuses[str(row.pk)] = row.status
                 report.errors[str(row.pk)] = row.error
                 report.hosts[str(row.pk)] = row.host_id
+    print(
+        f"\ndeploy drain (max age {max_age_s:g} s, delay {DEREGISTRATION_DELAY_S:g} s): "
+        f"statuses {dict(Counter(report.statuses.values()))}, hosts {dict(Counter(report.hosts.values()))}, "
+        f"open on old host at expiry {report.open_on_old_at_expiry}, old host exit {report.old_host_exit}"
+    )
     return report
 
 
