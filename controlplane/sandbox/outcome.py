@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sandbox_host import protocol
+
 # Texts are part of the product: operators grep for them and services match on status.
 CANCELLED = "Execution cancelled"
 TIMED_OUT = "Execution timed out after {ms} ms"
@@ -23,7 +25,7 @@ INTERRUPTED = "Code execution was interrupted because the connection to its sand
 
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "interrupted"})
 # What a host may report for an execution it ran (the rest are the pool's own verdicts).
-RESULT_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+RESULT_STATUSES = protocol.RESULT_STATUSES
 
 
 @dataclass(frozen=True)
