@@ -89,7 +89,9 @@ class Admission:
         """The execution is over, its result sent: the drain may stop waiting for it."""
         self.free_slot(running)
         with self._cond:
-            self._running.pop(running.id, None)
+            # Only this execution's entry: after an early release the id may be reused.
+            if self._running.get(running.id) is running:
+                del self._running[running.id]
             self._cond.notify_all()
 
     def in_flight(self) -> int:
@@ -134,6 +136,9 @@ def run_execution(
         except ChildError as exc:
             # No process exists, so the code provably never ran: not_started, not a failure.
             log("execution_not_started", conn=conn_id, id=frame.id, reason="spawn_failed", error=str(exc))
+            # Free the id before answering: the pool moves the execution at once, maybe
+            # back to this host, which must not call it a duplicate.
+            admission.release(running)
             send(protocol.NotStarted(id=frame.id, reason="spawn_failed"))
             return
         if not admission.attach(running, child):
