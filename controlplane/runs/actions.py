@@ -244,9 +244,14 @@ def record_result(run_id: object, status: str, *, exit_code: int | None, error: 
 
 
 def cancel_run(run_id: object, reason: str = "cancelled by operator") -> bool:
-    """Cancel a live run. True when this call claimed it. (Stopping its sandbox is the
-    host's part and is wired with the host.)"""
-    return _finish(run_id, RunStatus.CANCELLED, error=reason) is not None
+    """Cancel a live run. True when this call claimed it; then its sandbox is stopped on
+    its host by a task, once the cancel is committed."""
+    claimed = _finish(run_id, RunStatus.CANCELLED, error=reason) is not None
+    if claimed:
+        from .tasks import stop_run_sandbox
+
+        transaction.on_commit(lambda: stop_run_sandbox.delay(str(run_id)))
+    return claimed
 
 
 def fail_run(run_id: object, error: str, guard: Q | None = None) -> bool:

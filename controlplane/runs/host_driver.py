@@ -36,6 +36,10 @@ from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable
 
 log = logging.getLogger("holdfast.runs")
 
+# Dials per configured address when looking for the host that runs a run: a balancer
+# spreads connections over its targets, so a handful find one host among a few.
+STOP_DIALS = 8
+
 
 class _TryElsewhere(Exception):
     """This host started nothing for the run: another address may be asked now."""
@@ -71,6 +75,44 @@ class WebSocketLaunchDriver:
                 reasons.append(str(exc))
                 log.info("event=run_launch_elsewhere run_id=%s url=%s reason=%s", request.run_id, url, exc)
         raise LaunchUnavailable("no host took the run: " + "; ".join(reasons or ["no address configured"]))
+
+    def stop(self, run_id: str, host_id: str) -> bool:
+        """Ask the host that launched ``run_id`` to kill its sandbox; True once it answered.
+
+        Only that host knows the run, so an address whose host is another one is closed
+        unused. Behind a balancer the driver cannot choose, so it dials a few times
+        (STOP_DIALS); the runner also stops its job on its own at its next call, which a
+        cancelled run answers ``409 run_terminal``."""
+        for attempt in range(STOP_DIALS * max(1, len(self.urls))):
+            url = self.urls[attempt % len(self.urls)]
+            try:
+                ws, auth_ok = self._connect(url)
+            except _TryElsewhere:
+                continue
+            try:
+                if auth_ok.host_id != host_id:
+                    continue
+                ws.send(protocol.encode(protocol.StopRun(id=run_id)))
+                deadline = time.monotonic() + self.reply_timeout_s
+                while time.monotonic() < deadline:
+                    ws.settimeout(max(0.1, deadline - time.monotonic()))
+                    try:
+                        frame = protocol.decode(ws.recv())
+                    except protocol.ProtocolError:
+                        continue
+                    if isinstance(frame, protocol.RunStopped) and frame.id == run_id:
+                        log.info(
+                            "event=run_stopped run_id=%s host_id=%s was_running=%s", run_id, host_id, frame.was_running
+                        )
+                        return True
+                    if isinstance(frame, protocol.Error) and frame.id in (run_id, None):
+                        return False
+                return False
+            except (OSError, websocket.WebSocketException):
+                return False
+            finally:
+                ws.close()
+        return False
 
     def _launch_on(self, url: str, request: LaunchRequest) -> LaunchAck:
         ws, auth_ok = self._connect(url)

@@ -95,3 +95,9 @@ def get_driver() -> LaunchDriver:
 
 def launch_on_host(run_id: str, launch_key: str, control_plane_url: str) -> LaunchAck:
     return get_driver().launch(LaunchRequest(run_id, launch_key, control_plane_url))
+
+
+def stop_on_host(run_id: str, host_id: str) -> bool:
+    """Kill the run's sandbox where the driver can (a driver without ``stop`` cannot)."""
+    stop = getattr(get_driver(), "stop", None)
+    return bool(stop(run_id, host_id)) if stop is not None else False

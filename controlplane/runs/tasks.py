@@ -63,3 +63,20 @@ def _give_up(run_id: str, code: str, attempts: int) -> None:
     # The error text is fixed (a code), never the host's words: it lands on the row.
     claimed = actions.fail_run(run_id, f"launch failed: {code} after {attempts} attempt(s)", guard=_UNGREETED)
     log.warning("event=run_launch_failed run_id=%s code=%s attempts=%d claimed=%s", run_id, code, attempts, claimed)
+
+
+@shared_task(name="controlplane.runs.tasks.stop_run_sandbox", bind=True, max_retries=3)
+def stop_run_sandbox(self, run_id: str) -> None:
+    """Kill a cancelled run's sandbox on the host that launched it. Best effort, and
+    safe to repeat (``stop_run`` is idempotent): the runner also stops its job at its
+    next call, which a cancelled run answers ``409 run_terminal``."""
+    host_id = Run.objects.filter(pk=run_id).values_list("host_id", flat=True).first()
+    if not host_id:
+        return  # never launched, or launched nowhere we know of: nothing to stop
+    try:
+        stopped = launcher.stop_on_host(run_id, host_id)
+    except launcher.LaunchNotConfigured:
+        return
+    if not stopped:
+        log.warning("event=run_stop_unconfirmed run_id=%s host_id=%s", run_id, host_id)
+        raise self.retry(countdown=settings.RUNS_LAUNCH_RETRY_DELAY_S)

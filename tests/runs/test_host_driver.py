@@ -116,3 +116,29 @@ def test_without_a_sandbox_pool_launching_is_not_configured():
     launcher.set_driver(None)
     with pytest.raises(launcher.LaunchNotConfigured):
         launcher.get_driver()
+
+
+def _probe(url: str, run_id: str) -> str:
+    ws = connect(url, TOKEN, timeout=scaled(10))
+    try:
+        send_frame(ws, protocol.ProbeRuns(ids=[run_id]))
+        while True:
+            frame = recv_frame(ws)
+            if isinstance(frame, protocol.RunStatus):
+                return frame.statuses[run_id]["status"]
+    finally:
+        ws.close()
+
+
+def test_stop_kills_the_sandbox_on_the_host_that_launched_it(state_dir):
+    with (
+        start_host(TOKEN, extra_args=("--state-dir", str(state_dir))) as host,
+        start_host(TOKEN, extra_args=("--state-dir", str(state_dir / "other"))) as other,
+    ):
+        request = _request()
+        ack = _driver(host.url).launch(request)
+        assert _probe(host.url, request.run_id) == "running"
+        # The other host is dialled first and left alone: only the launching host knows the run.
+        assert _driver(other.url, host.url).stop(request.run_id, ack.host_id) is True
+        assert _probe(host.url, request.run_id) == "exited"
+        assert _driver(other.url).stop(request.run_id, ack.host_id) is False
