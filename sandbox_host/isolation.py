@@ -51,8 +51,20 @@ _BWRAP = [
     "--chdir", "{tmpdir}",
     "--",
 ]  # fmt: skip
-_UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts", "--"]
-_UNSHARE_USER = ["unshare", "--user", "--map-root-user", *_UNSHARE[1:]]
+# An execution must not outlive a host that was SIGKILLed: setpriv gives unshare a
+# parent-death signal (kept across its exec), and unshare's --kill-child then takes the
+# whole PID namespace with it. Runs go without it: they are detached on purpose.
+_DIE_WITH_HOST = ("setpriv", "--pdeathsig", "KILL")
+_UNSHARE = [
+    *(_DIE_WITH_HOST if shutil.which("setpriv") else ()),
+    "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts", "--",
+]  # fmt: skip
+_UNSHARE_USER = [
+    *_UNSHARE[: _UNSHARE.index("unshare") + 1],
+    "--user",
+    "--map-root-user",
+    *_UNSHARE[_UNSHARE.index("unshare") + 1 :],
+]
 # Flags a run's sandbox goes without (see ``Isolation.for_runs``).
 _RUN_DROPPED_FLAGS = frozenset({"--net", "--unshare-net", "--die-with-parent"})
 
@@ -75,7 +87,10 @@ class Isolation:
         """The prefix a run's sandbox starts under: this one with the network kept (the
         runner talks HTTP to the control plane) and without ``--die-with-parent`` (the
         run is detached and survives the host)."""
-        return tuple(part for part in self.prefix if part not in _RUN_DROPPED_FLAGS)
+        prefix = (
+            self.prefix[len(_DIE_WITH_HOST) :] if self.prefix[: len(_DIE_WITH_HOST)] == _DIE_WITH_HOST else self.prefix
+        )
+        return tuple(part for part in prefix if part not in _RUN_DROPPED_FLAGS)
 
 
 def candidates(*, uid_base: int | None) -> list[Isolation]:

@@ -4,7 +4,9 @@ and (where the isolation provides a network namespace) has no network."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import textwrap
 import threading
@@ -285,3 +287,37 @@ def test_beyond_the_admission_limit_the_answer_is_not_started_at_capacity():
             assert execute(ws, "print('now')").stdout == "now\n"
         finally:
             ws.close()
+
+
+def test_an_execution_does_not_outlive_a_sigkilled_host():
+    """The host dies without a chance to clean up: its children must die with it."""
+    with start_host(TOKEN) as host:
+        ws = connect(host.url, TOKEN)
+        execution = new_id()
+        send_frame(
+            ws, protocol.Execute(id=execution, code="import time\ntime.sleep(60)\n", timeout_ms=60_000, memory_mb=128)
+        )
+        assert recv_frame(ws) == protocol.Started(id=execution)
+        children = descendants(host.pid)
+        assert children, "the execution has no process to begin with"
+        os.kill(host.pid, signal.SIGKILL)  # only the host: not its descendants
+        host.popen.wait(timeout=scaled(10))
+        ws.close()
+        try:
+            wait_until(lambda: not _alive(children), timeout=10, what="the orphaned children to die")
+        finally:
+            for pid in _alive(children):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(pid)
+        except OSError:
+            continue
+    return alive
