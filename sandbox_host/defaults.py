@@ -5,6 +5,9 @@ sides must agree on them; what only the host decides lives here.
 """
 
 # Timeouts
+# How long stop_run waits for a killed sandbox to be gone before answering (SIGKILL is
+# asynchronous; a dying process tree takes milliseconds, a loaded machine longer).
+DEFAULT_RUN_STOP_WAIT_S = 5.0
 # A client has this long from its first byte to authenticate. Long enough for a worker
 # on a loaded machine, short enough that idle half-open sockets cannot pile up.
 DEFAULT_AUTH_TIMEOUT_S = 10.0

@@ -149,6 +149,11 @@ class RunSandboxes:
                 os.killpg(record["pid"], signal.SIGKILL)
             if record.get("uid") is not None:
                 kill_uid(record["uid"])  # without a PID namespace, what left the group
+            # SIGKILL lands asynchronously: answer only once the sandbox is gone, so a
+            # probe right after the answer cannot still see it running.
+            deadline = time.monotonic() + defaults.DEFAULT_RUN_STOP_WAIT_S
+            while self._alive(record) and time.monotonic() < deadline:
+                time.sleep(0.02)
         log("run_stopped", id=run_id)
         return protocol.RunStopped(id=run_id, was_running=True)
 
