@@ -69,12 +69,15 @@ def base_interpreter() -> tuple[str, str]:
 
 
 def setpriv_path() -> str:
-    return shutil.which("setpriv") or "/usr/bin/setpriv"
+    found = shutil.which("setpriv")
+    return os.path.realpath(found) if found else "/usr/bin/setpriv"
 
 
 def layout() -> Layout:
     """Raises ``SandboxUnavailable`` naming what to install."""
     bwrap = shutil.which("bwrap")
+    if bwrap is not None:
+        bwrap = os.path.realpath(bwrap)
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)")
     setpriv = setpriv_path()
