@@ -89,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         "give user code less containment and are never chosen unless named here (docs/operations.md)",
     )
     parser.add_argument(
+        "--insecure-shared-dir",
+        default="",
+        metavar="DIR",
+        help="TEST HARNESSES ONLY: bind DIR read-write into every sandbox (tests count what ran through "
+        "it); any user code can then read and write it",
+    )
+    parser.add_argument(
         "--scratch-mb",
         type=int,
         default=defaults.DEFAULT_SCRATCH_BYTES // (1024 * 1024),
@@ -124,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             uid_base=uid_base,
             require=None if args.isolation == "auto" else args.isolation,
             scratch_bytes=args.scratch_mb * 1024 * 1024,
+            shared_dir=args.insecure_shared_dir,
         )
     except RuntimeError as exc:
         # Fail closed: one line naming what is missing; never a weaker sandbox by itself.
@@ -131,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if isolation.name in WARNINGS:
         print(f"holdfast-host: WARNING --isolation {isolation.name}: {WARNINGS[isolation.name]}", file=sys.stderr)
+    if isolation.shared_dir:
+        warning = f"--insecure-shared-dir {isolation.shared_dir}: every sandbox can read and write it"
+        print(f"holdfast-host: WARNING {warning}", file=sys.stderr)
     sweep_leftovers(isolation, log, slots=args.max_concurrent)
     listener = socket.create_server(args.listen, backlog=128)
     address, port = listener.getsockname()[:2]

@@ -23,6 +23,7 @@ Levels, strongest first (``LEVELS`` is weakest first, for comparisons):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import stat
 import sys
@@ -30,23 +31,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import cgroups as cgroups_mod
-from . import defaults, sandbox, seccomp_policy
+from . import defaults, protocol, sandbox, seccomp_policy
 from .children import Child, ChildError, Limits
 
-FULL = "bwrap"
-SHARED_UID = "insecure-shared-uid"
-RLIMITS = "insecure-rlimits"
-LEVELS = (RLIMITS, SHARED_UID, FULL)  # weakest first
+RLIMITS, SHARED_UID, FULL = protocol.ISOLATION_LEVELS  # weakest first
+LEVELS = protocol.ISOLATION_LEVELS
 # What each explicit, weaker level gives up, said at start-up and in every auth_ok.
 WARNINGS = {
     SHARED_UID: "user code runs under the host's own uid in a user namespace: an escape owns the host user's files",
     RLIMITS: "user code is NOT sandboxed: it shares the host's network, filesystem and kernel surface",
 }
-
-
-def rank(level: str) -> int:
-    """Position of ``level`` in ``LEVELS`` (-1 for an unknown name: below everything)."""
-    return LEVELS.index(level) if level in LEVELS else -1
 
 
 @dataclass(frozen=True)
@@ -61,6 +55,8 @@ class Isolation:
     scratch_bytes: int = defaults.DEFAULT_SCRATCH_BYTES
     # Interpreter user code runs in.
     python: str = sys.executable
+    # --insecure-shared-dir: one host directory every sandbox may write (test harnesses).
+    shared_dir: str = ""
 
     @property
     def sandboxed(self) -> bool:
@@ -84,6 +80,8 @@ class Isolation:
         }
         if self.name in WARNINGS:
             found["warning"] = WARNINGS[self.name]
+        if self.shared_dir:
+            found["insecure_shared_dir"] = self.shared_dir
         return found
 
     def command(
@@ -127,6 +125,7 @@ class Isolation:
             data_files=((code_fd, sandbox.SNIPPET_PATH),) if code_fd is not None else (),
             ro_binds=ro_binds,
             status_fd=status_fd,
+            shared_dir=self.shared_dir,
         )
         return sandbox.argv(self.layout, spec)
 
@@ -247,12 +246,19 @@ def works(isolation: Isolation) -> tuple[bool, str]:
 
 
 def probe(
-    log: Callable[..., None], *, uid_base: int | None, require: str | None = None, scratch_bytes: int | None = None
+    log: Callable[..., None],
+    *,
+    uid_base: int | None,
+    require: str | None = None,
+    scratch_bytes: int | None = None,
+    shared_dir: str = "",
 ) -> Isolation:
     """Build and prove ``require`` (``None``/"auto": the full containment, nothing
     less). Raises ``RuntimeError`` with one line when it cannot."""
     level = FULL if require in (None, "auto") else require
     isolation = build(level, uid_base=uid_base, scratch_bytes=scratch_bytes or defaults.DEFAULT_SCRATCH_BYTES)
+    if shared_dir:
+        isolation = dataclasses.replace(isolation, shared_dir=os.path.realpath(shared_dir))
     ok, why = works(isolation)
     if not ok:
         log("isolation_unavailable", isolation=level, reason=why)

@@ -117,6 +117,9 @@ class Spec:
     ro_binds: tuple[tuple[str, str], ...] = ()
     # bwrap writes the sandbox's exit status here as JSON (runs: survives a host restart).
     status_fd: int | None = None
+    # A host directory bound read-write at its own path (--insecure-shared-dir: test
+    # harnesses count what ran through it). Empty in production.
+    shared_dir: str = ""
 
 
 def _parents(paths: list[str]) -> list[str]:
@@ -152,7 +155,7 @@ def argv(lay: Layout, spec: Spec) -> list[str]:
     # Parents bwrap would make itself come out 0700 (unreachable for the sandbox's uid):
     # make each one explicitly, world-readable, before anything lands in it.
     inside = [*lay.binds, *(link for _, link in lay.symlinks), "/var/tmp", *(p for _, p in spec.data_files)]
-    inside += [path for _, path in spec.ro_binds]
+    inside += [path for _, path in spec.ro_binds] + ([spec.shared_dir] if spec.shared_dir else [])
     for parent in _parents(inside):
         args += ["--perms", "0755", "--dir", parent]
     for path in lay.binds:
@@ -174,6 +177,8 @@ def argv(lay: Layout, spec: Spec) -> list[str]:
         args += ["--perms", "0444", "--ro-bind-data", str(fd), path]
     for source, path in spec.ro_binds:
         args += ["--ro-bind", source, path]
+    if spec.shared_dir:
+        args += ["--bind", spec.shared_dir, spec.shared_dir]
     args += ["--remount-ro", "/", "--chdir", SCRATCH, "--seccomp", str(spec.seccomp_fd)]
     if spec.status_fd is not None:
         args += ["--json-status-fd", str(spec.status_fd)]

@@ -52,6 +52,7 @@ class WebSocketLaunchDriver:
     # Timeouts
     connect_timeout_s: float
     reply_timeout_s: float
+    required_isolation: str = protocol.FULL_ISOLATION
 
     @classmethod
     def from_settings(cls) -> WebSocketLaunchDriver:
@@ -62,6 +63,7 @@ class WebSocketLaunchDriver:
             token=settings.SANDBOX_TOKEN,
             connect_timeout_s=settings.SANDBOX_CONNECT_TIMEOUT_S,
             reply_timeout_s=settings.RUNS_LAUNCH_REPLY_TIMEOUT_S,
+            required_isolation=settings.SANDBOX_REQUIRED_ISOLATION,
         )
 
     def launch(self, request: LaunchRequest) -> LaunchAck:
@@ -146,6 +148,11 @@ class WebSocketLaunchDriver:
         if not isinstance(reply, protocol.AuthOk):
             ws.close()
             raise _TryElsewhere(f"auth refused: {getattr(reply, 'code', reply.type)}")
+        # A run's sandbox holds its key and job: never on a host below the required level.
+        refusal = protocol.isolation_refusal(reply.isolation, self.required_isolation)
+        if refusal:
+            ws.close()
+            raise _TryElsewhere(f"host {reply.host_id}: {refusal}")
         return ws, reply
 
     def _await_answer(self, ws: websocket.WebSocket, host_id: str, run_id: str) -> LaunchAck:

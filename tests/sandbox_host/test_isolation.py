@@ -329,3 +329,13 @@ def _alive(pids: list[int]) -> list[int]:
         except OSError:
             continue
     return alive
+
+
+def test_auth_ok_tells_the_isolation_level_and_the_bounds(host):
+    ws = connect(host.url, TOKEN)
+    ws.close()
+    assert ws.auth_ok.isolation == "bwrap"
+    bounds = ws.auth_ok.bounds
+    assert bounds["memory"] == bounds["processes"] == "cgroup-v1" or bounds["memory"].startswith("cgroup")
+    assert bounds["scratch_bytes"] == 64 * 1024 * 1024 and bounds["seccomp"] is True
+    assert "warning" not in bounds
