@@ -118,6 +118,7 @@ class Child:
                     code_fd=code_fd,
                     seccomp_fd=seccomp_fd,
                     command=[self.isolation.python, "-I", sandbox.SNIPPET_PATH],
+                    env=sandbox.EXECUTION_ENV,
                 )
             )
             if args_fd is not None:

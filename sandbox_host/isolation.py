@@ -228,9 +228,9 @@ def works(isolation: Isolation) -> tuple[bool, str]:
         expected_uid = sandbox.USERNS_UID
     if expected_uid is not None and uid != str(expected_uid):
         return False, f"child ran as uid {uid}, expected {expected_uid}"
-    # Python's PEP 538 locale coercion may add LC_CTYPE itself, and bubblewrap sets PWD
-    # (the sandbox's own /tmp); anything else leaked in.
-    if set(env.split(",")) - {"-", "LC_CTYPE", "PWD"}:
+    # The sandbox's own variables, PWD (bubblewrap sets it) and LC_CTYPE (Python's PEP 538
+    # locale coercion may add it); anything else leaked in.
+    if set(env.split(",")) - {"-", "LC_CTYPE", "PWD", *sandbox.EXECUTION_ENV}:
         return False, f"child saw a non-empty environment ({env})"
     if isolation.sandboxed:
         failures = []

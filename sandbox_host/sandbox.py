@@ -46,6 +46,10 @@ SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 
 
+# The whole environment of an execution: nothing of the host's, only where things are.
+EXECUTION_ENV = {"HOME": SCRATCH, "TMPDIR": SCRATCH, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
 class SandboxUnavailable(RuntimeError):
     """A tool the sandbox needs is missing; the message says which and how to get it."""
 

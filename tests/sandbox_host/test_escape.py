@@ -519,11 +519,6 @@ routes = [l.split()[:2] for l in open("/proc/net/route").read().splitlines()[1:]
 routes6 = [l.split()[-1] for l in open("/proc/net/ipv6_route").read().splitlines()]
 print("routes", routes, "routes6", sorted(set(routes6)))
 print("interfaces", sorted(n for _, n in socket.if_nameindex()))
-import errno
-for address in ("10.0.0.1", "169.254.169.254", "192.168.0.1", "8.8.8.8"):
-    s = socket.socket()
-    s.setblocking(False)
-    print("route", address, errno.errorcode.get(s.connect_ex((address, 80))))
 conn = http.client.HTTPConnection("control-plane")
 conn.sock = socket.socket(socket.AF_UNIX)
 conn.sock.connect(os.environ.get("HOLDFAST_CONTROL_PLANE_SOCKET", "/holdfast/sock/api.sock"))
@@ -547,14 +542,14 @@ def test_a_runs_job_reaches_the_runner_api_and_nothing_else(state_dir):
         assert recv_frame(ws) == protocol.RunLaunched(id=run_id, already=False)
         wait_until(lambda: plane.results, timeout=30, what="the run's result")
         ws.close()
-    out = {line.split()[0] + (" " + line.split()[1] if line.startswith("route ") else ""): line for line in plane.lines}
+    out = {line.split()[0]: line for line in plane.lines}
     assert out["redis"] == "redis ConnectionRefusedError", plane.lines
     assert out["postgresql"] == "postgresql ConnectionRefusedError"
-    # No route but loopback: no default route, no link-local, no private range.
-    assert out["routes"] == "routes [] routes6 ['lo']" or out["routes"].startswith("routes [] routes6"), out["routes"]
+    # Read from the sandbox's own tables, without sending a packet anywhere: no IPv4
+    # route at all (no default route, nothing link-local or private), IPv6 routes only
+    # through the loopback device, and no interface but lo.
+    assert out["routes"] in ("routes [] routes6 ['lo']", "routes [] routes6 []"), out["routes"]
     assert out["interfaces"] == "interfaces ['lo']"
-    for address in ("10.0.0.1", "169.254.169.254", "192.168.0.1", "8.8.8.8"):
-        assert out[f"route {address}"] == f"route {address} ENETUNREACH"
     assert out["api"] == "api 200" and plane.probes == ["/escape-probe"]
 
 

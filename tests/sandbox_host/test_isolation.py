@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from sandbox_host import protocol
+from sandbox_host.sandbox import EXECUTION_ENV
 from tests.support.host import connect, descendants, execute, new_id, recv_frame, send_frame, start_host
 from tests.timing import scaled, wait_until
 
@@ -59,10 +60,14 @@ def test_the_child_cannot_read_the_host_token(which, request):
     assert "ppid environ" in result.stdout and "init environ" in result.stdout  # it did look
     assert TOKEN not in result.stdout + result.stderr
     assert "HOLDFAST_SANDBOX_TOKEN" not in result.stdout
-    # The environment is empty but for what Python's locale coercion adds itself and the
-    # working directory bubblewrap names (the sandbox's own /tmp).
-    environ = result.stdout.splitlines()[0].removeprefix("environ ")
-    assert set(eval(environ)) <= {"LC_CTYPE", "PWD"}  # noqa: S307 - our own repr of a dict of str
+    environ = eval(result.stdout.splitlines()[0].removeprefix("environ "))  # noqa: S307 - our own repr
+    if which == "host":
+        # The sandbox's own places, the working directory bubblewrap names and what
+        # Python's locale coercion adds itself: nothing of the host's.
+        expected = {**EXECUTION_ENV, "PWD": "/tmp", "LC_CTYPE": "C.UTF-8"}
+        assert {k: v for k, v in environ.items() if k in expected} == {k: expected[k] for k in environ}
+    else:
+        assert set(environ) <= {"LC_CTYPE"}
 
 
 def test_the_host_log_never_carries_the_token(host):
