@@ -293,18 +293,7 @@ class RunSandboxes:
                 },
                 "argv": command,
             }
-            proc = subprocess.Popen(
-                [sys.executable, "-I", WRAPPER_PATH, json.dumps(spec)],
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
-                env={},
-                cwd="/",
-                # Detached: its own session, so the host's signals and exit do not reach it.
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=tuple(fds),
-            )
+            proc = _detached([sys.executable, "-I", WRAPPER_PATH, json.dumps(spec)], log_fd, tuple(fds))
             relay = self._start_relay(listener, frame.control_plane_url, proc.pid, uid, joins, log_fd)
         finally:
             listener.close()
@@ -324,17 +313,7 @@ class RunSandboxes:
             "cgroups": joins,
             "max_connections": self.limits.relay_max_connections,
         }
-        return subprocess.Popen(
-            [sys.executable, "-I", RELAY_PATH, json.dumps(spec)],
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            env={},
-            cwd="/",
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=(listener.fileno(),),
-        )
+        return _detached([sys.executable, "-I", RELAY_PATH, json.dumps(spec)], log_fd, (listener.fileno(),))
 
     def adopt(self) -> None:
         """At start-up: give every live run of this state dir its way out again (a relay
@@ -488,6 +467,23 @@ def _run_dir(state_dir: str, run_id: str) -> str:
     os.makedirs(base, mode=0o755, exist_ok=True)
     digest = hashlib.sha256(f"{os.path.realpath(state_dir)}\0{run_id}".encode()).hexdigest()[:24]
     return os.path.join(base, digest)
+
+
+def _detached(argv: list[str], log_fd: int, pass_fds: tuple[int, ...]) -> subprocess.Popen:
+    """Start a process of a run (its sandbox's wrapper, its relay) with an empty
+    environment, output to the run's log, in its own session: the host's signals and
+    exit do not reach it."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=log_fd,
+        stderr=log_fd,
+        env={},
+        cwd="/",
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=pass_fds,
+    )
 
 
 def _target(url: str) -> tuple[str, int]:

@@ -533,15 +533,22 @@ def python_job(code: str) -> str:
     return f"{base_interpreter()[0]} -c \"import base64; exec(base64.b64decode('{encoded}'))\""
 
 
-def test_a_runs_job_reaches_the_runner_api_and_nothing_else(state_dir):
-    plane = Probing(python_job(JOB))
+def run_job(plane: ControlPlane, state_dir) -> None:
+    """Launch one run on a real host whose runner API is ``plane``; wait for its result."""
     with scripted_server(plane) as cp, start_host(TOKEN, extra_args=("--state-dir", str(state_dir))) as host:
         ws = connect(host.url, TOKEN)
-        run_id = str(uuid.uuid4())
-        send_frame(ws, protocol.LaunchRun(id=run_id, key=KEY, control_plane_url=cp.url))
-        assert recv_frame(ws) == protocol.RunLaunched(id=run_id, already=False)
-        wait_until(lambda: plane.results, timeout=30, what="the run's result")
-        ws.close()
+        try:
+            run_id = str(uuid.uuid4())
+            send_frame(ws, protocol.LaunchRun(id=run_id, key=KEY, control_plane_url=cp.url))
+            assert recv_frame(ws) == protocol.RunLaunched(id=run_id, already=False)
+            wait_until(lambda: plane.results, timeout=30, what="the run's result")
+        finally:
+            ws.close()
+
+
+def test_a_runs_job_reaches_the_runner_api_and_nothing_else(state_dir):
+    plane = Probing(python_job(JOB))
+    run_job(plane, state_dir)
     out = {line.split()[0]: line for line in plane.lines}
     assert out["redis"] == "redis ConnectionRefusedError", plane.lines
     assert out["postgresql"] == "postgresql ConnectionRefusedError"
@@ -560,13 +567,7 @@ def test_a_runs_job_cannot_read_the_runners_key(state_dir):
         "grep -r . /holdfast /tmp 2>/dev/null | head -50; ls -la /holdfast /holdfast/sock"
     )
     plane = ControlPlane(command)
-    with scripted_server(plane) as cp, start_host(TOKEN, extra_args=("--state-dir", str(state_dir))) as host:
-        ws = connect(host.url, TOKEN)
-        run_id = str(uuid.uuid4())
-        send_frame(ws, protocol.LaunchRun(id=run_id, key=KEY, control_plane_url=cp.url))
-        assert recv_frame(ws) == protocol.RunLaunched(id=run_id, already=False)
-        wait_until(lambda: plane.results, timeout=30, what="the run's result")
-        ws.close()
+    run_job(plane, state_dir)
     output = "\n".join(plane.lines)
     assert "Permission denied" in output and "api.sock" in output, output  # it did look
     assert KEY not in output and TOKEN not in output
@@ -584,11 +585,5 @@ def test_a_relay_carries_only_to_the_control_plane(state_dir):
         "print('status', c.getresponse().status)\n"
     )
     plane = Probing(job)
-    with scripted_server(plane) as cp, start_host(TOKEN, extra_args=("--state-dir", str(state_dir))) as host:
-        ws = connect(host.url, TOKEN)
-        run_id = str(uuid.uuid4())
-        send_frame(ws, protocol.LaunchRun(id=run_id, key=KEY, control_plane_url=cp.url))
-        assert recv_frame(ws) == protocol.RunLaunched(id=run_id, already=False)
-        wait_until(lambda: plane.results, timeout=30, what="the run's result")
-        ws.close()
+    run_job(plane, state_dir)
     assert "status 200" in plane.lines and plane.probes == ["/escape-probe"]
