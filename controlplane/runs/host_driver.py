@@ -1,6 +1,7 @@
 """The real launch driver: asks a sandbox host over its WebSocket protocol.
 
-One short connection per launch (launches are rare next to executions, so they do not
+Reconcile probes through this same driver (``probe``: one ``probe_runs`` round trip per
+host per tick). One short connection per launch (launches are rare next to executions, so they do not
 share the executions pool): connect, authenticate, send ``launch_run``, await
 ``run_launched``. ``HOLDFAST_SANDBOX_URL`` may list several addresses (comma-separated,
 as for the pool) or one balancer.
@@ -32,7 +33,7 @@ import websocket
 
 from sandbox_host import protocol
 
-from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable
+from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable, SandboxProbe
 
 log = logging.getLogger("holdfast.runs")
 
@@ -52,6 +53,7 @@ class WebSocketLaunchDriver:
     # Timeouts
     connect_timeout_s: float
     reply_timeout_s: float
+    probe_timeout_s: float = 10.0
 
     @classmethod
     def from_settings(cls) -> WebSocketLaunchDriver:
@@ -62,6 +64,7 @@ class WebSocketLaunchDriver:
             token=settings.SANDBOX_TOKEN,
             connect_timeout_s=settings.SANDBOX_CONNECT_TIMEOUT_S,
             reply_timeout_s=settings.RUNS_LAUNCH_REPLY_TIMEOUT_S,
+            probe_timeout_s=settings.RECONCILE_PROBE_TIMEOUT_S,
         )
 
     def launch(self, request: LaunchRequest) -> LaunchAck:
@@ -113,6 +116,73 @@ class WebSocketLaunchDriver:
             finally:
                 ws.close()
         return False
+
+    def probe(self, run_ids_by_host: dict[str, list[str]]) -> dict[str, dict[str, SandboxProbe]]:
+        """One ``probe_runs`` round trip per host for all its runs (DESIGN.md, Reconcile:
+        a tick costs one round trip per host, not per run).
+
+        Each address is dialled and the host it reaches (``auth_ok.host_id``) asked for
+        its runs on that one connection, in frames of at most ``MAX_PROBE_IDS`` ids. A
+        host that does not answer in full is left out: not knowing is not a loss. An
+        address that cannot be reached, or keeps reaching a host already answered, is
+        dropped for this tick; one address (a balancer) is dialled up to STOP_DIALS
+        times to find the hosts behind it."""
+        wanted = {host: list(ids) for host, ids in run_ids_by_host.items() if ids}
+        answers: dict[str, dict[str, SandboxProbe]] = {}
+        urls = list(self.urls)
+        for _ in range(STOP_DIALS * max(1, len(self.urls))):
+            if not urls or len(answers) == len(wanted):
+                break
+            url = urls.pop(0)
+            try:
+                ws, auth_ok = self._connect(url)
+            except _TryElsewhere:
+                continue  # unreachable this tick: its host stays silent
+            try:
+                host = auth_ok.host_id
+                if host in wanted and host not in answers:
+                    statuses = self._probe_on(ws, wanted[host])
+                    if statuses is not None:
+                        answers[host] = statuses
+                    urls.append(url)
+                elif not urls:
+                    urls.append(url)  # the only address left: a balancer, dial again
+            finally:
+                ws.close()
+        silent = sorted(set(wanted) - set(answers))
+        if silent:
+            log.info("event=run_probe_silent hosts=%s", ",".join(silent))
+        return answers
+
+    def _probe_on(self, ws: websocket.WebSocket, run_ids: list[str]) -> dict[str, SandboxProbe] | None:
+        chunks = [run_ids[i : i + protocol.MAX_PROBE_IDS] for i in range(0, len(run_ids), protocol.MAX_PROBE_IDS)]
+        pending = {f"probe-{i}": chunk for i, chunk in enumerate(chunks)}
+        statuses: dict[str, SandboxProbe] = {}
+        try:
+            for ref, chunk in pending.items():
+                ws.send(protocol.encode(protocol.ProbeRuns(ids=chunk, ref=ref)))
+            deadline = time.monotonic() + self.probe_timeout_s
+            while pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                ws.settimeout(remaining)
+                try:
+                    frame = protocol.decode(ws.recv())
+                except protocol.ProtocolError:
+                    continue
+                if isinstance(frame, protocol.RunStatus) and frame.ref in pending:
+                    for run_id in pending.pop(frame.ref):
+                        item = frame.statuses.get(run_id)
+                        if not isinstance(item, dict) or item.get("status") not in protocol.RUN_STATUSES:
+                            return None  # an answer we cannot read proves nothing
+                        code = item.get("exit_code")
+                        statuses[run_id] = SandboxProbe(item["status"], code if isinstance(code, int) else None)
+                elif isinstance(frame, protocol.Error) and frame.id is None:
+                    return None  # e.g. unknown_type: a host of a release without runs
+        except (OSError, websocket.WebSocketException):
+            return None
+        return statuses
 
     def _launch_on(self, url: str, request: LaunchRequest) -> LaunchAck:
         ws, auth_ok = self._connect(url)
