@@ -26,7 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import websocket
@@ -40,6 +42,9 @@ log = logging.getLogger("holdfast.runs")
 # Dials per configured address when looking for the host that runs a run: a balancer
 # spreads connections over its targets, so a handful find one host among a few.
 STOP_DIALS = 8
+# Hosts probed at once by one tick: each waits on its own host, so a tick lasts as long
+# as the slowest host rather than the sum of them all.
+PROBE_THREADS = 16
 
 
 class _TryElsewhere(Exception):
@@ -101,7 +106,7 @@ class WebSocketLaunchDriver:
                     ws.settimeout(max(0.1, deadline - time.monotonic()))
                     try:
                         frame = protocol.decode(ws.recv())
-                    except protocol.ProtocolError:
+                    except (protocol.ProtocolError, UnicodeDecodeError):
                         continue
                     if isinstance(frame, protocol.RunStopped) and frame.id == run_id:
                         log.info(
@@ -121,34 +126,47 @@ class WebSocketLaunchDriver:
         """One ``probe_runs`` round trip per host for all its runs (DESIGN.md, Reconcile:
         a tick costs one round trip per host, not per run).
 
-        Each address is dialled and the host it reaches (``auth_ok.host_id``) asked for
-        its runs on that one connection, in frames of at most ``MAX_PROBE_IDS`` ids. A
-        host that does not answer in full is left out: not knowing is not a loss. An
-        address that cannot be reached, or keeps reaching a host already answered, is
-        dropped for this tick; one address (a balancer) is dialled up to STOP_DIALS
-        times to find the hosts behind it."""
+        Each address is dialled (all at once, one thread each, so a tick lasts as long
+        as its slowest host, not the sum) and the host it reaches (``auth_ok.host_id``)
+        is asked for its runs on that one connection, in frames of at most
+        ``MAX_PROBE_IDS`` ids. A host that does not answer in full is left out: not
+        knowing is not a loss, and it is not asked twice in one tick. Several addresses
+        are hosts, each dialled once per tick; a single address is a balancer, dialled
+        again while hosts are missing, up to STOP_DIALS times."""
         wanted = {host: list(ids) for host, ids in run_ids_by_host.items() if ids}
         answers: dict[str, dict[str, SandboxProbe]] = {}
-        urls = list(self.urls)
-        for _ in range(STOP_DIALS * max(1, len(self.urls))):
-            if not urls or len(answers) == len(wanted):
-                break
-            url = urls.pop(0)
+        claimed: set[str] = set()
+        lock = threading.Lock()
+
+        def dial(url: str) -> bool:
+            """Probe the host behind ``url`` if it is wanted; True if it was reached."""
             try:
                 ws, auth_ok = self._connect(url)
             except _TryElsewhere:
-                continue  # unreachable this tick: its host stays silent
+                return False  # unreachable this tick: its host stays silent
             try:
                 host = auth_ok.host_id
-                if host in wanted and host not in answers:
+                with lock:
+                    mine = host in wanted and host not in claimed
+                    claimed.add(host)
+                if mine:
                     statuses = self._probe_on(ws, wanted[host])
                     if statuses is not None:
-                        answers[host] = statuses
-                    urls.append(url)
-                elif not urls:
-                    urls.append(url)  # the only address left: a balancer, dial again
+                        with lock:
+                            answers[host] = statuses
+                return True
             finally:
                 ws.close()
+
+        urls = list(self.urls)
+        for _ in range(STOP_DIALS):
+            if not urls or len(answers) == len(wanted):
+                break
+            with ThreadPoolExecutor(max_workers=min(len(urls), PROBE_THREADS)) as pool:
+                reached = list(pool.map(dial, urls))
+            # One address is a balancer: the next dial may reach another of its hosts.
+            # Each of several addresses is a host, asked once per tick.
+            urls = urls if len(self.urls) == 1 and all(reached) else []
         silent = sorted(set(wanted) - set(answers))
         if silent:
             log.info("event=run_probe_silent hosts=%s", ",".join(silent))
@@ -169,7 +187,7 @@ class WebSocketLaunchDriver:
                 ws.settimeout(remaining)
                 try:
                     frame = protocol.decode(ws.recv())
-                except protocol.ProtocolError:
+                except (protocol.ProtocolError, UnicodeDecodeError):
                     continue
                 if isinstance(frame, protocol.RunStatus) and frame.ref in pending:
                     for run_id in pending.pop(frame.ref):
@@ -204,13 +222,16 @@ class WebSocketLaunchDriver:
     def _connect(self, url: str) -> tuple[websocket.WebSocket, protocol.AuthOk]:
         """Connected and authenticated, or ``_TryElsewhere``: nothing about the run was sent."""
         try:
-            ws = websocket.create_connection(url, timeout=self.connect_timeout_s)
+            # The library's UTF-8 check is pure Python (most of a 10,000-run probe's
+            # time); a text frame is still decoded strictly by ``recv``, so a bad byte
+            # raises UnicodeDecodeError there, which callers treat as an unreadable frame.
+            ws = websocket.create_connection(url, timeout=self.connect_timeout_s, skip_utf8_validation=True)
         except (OSError, websocket.WebSocketException) as exc:
             raise _TryElsewhere(f"connect: {type(exc).__name__}") from None
         try:
             ws.send(protocol.encode(protocol.Auth(token=self.token, client=f"launcher pid={os.getpid()}")))
             reply = protocol.decode(ws.recv())
-        except (OSError, websocket.WebSocketException, protocol.ProtocolError) as exc:
+        except (OSError, websocket.WebSocketException, protocol.ProtocolError, UnicodeDecodeError) as exc:
             ws.close()
             raise _TryElsewhere(f"auth: {type(exc).__name__}") from None
         if not isinstance(reply, protocol.AuthOk):
@@ -229,7 +250,7 @@ class WebSocketLaunchDriver:
                 frame = protocol.decode(ws.recv())
             except (OSError, websocket.WebSocketException) as exc:
                 raise LaunchUnavailable(f"connection lost awaiting the launch: {type(exc).__name__}") from None
-            except protocol.ProtocolError:
+            except (protocol.ProtocolError, UnicodeDecodeError):
                 continue  # a frame of a newer host we cannot read: not our answer
             if isinstance(frame, protocol.RunLaunched) and frame.id == run_id:
                 return LaunchAck(host_id=host_id, already_launched=frame.already)
