@@ -1,7 +1,7 @@
 """Outbound progress notifications: a signed POST to a run's callback URL on every
 terminal transition.
 
-Rules (DESIGN.md, Reconcile; docs/api.md, "Progress notifications"):
+Rules (DESIGN.md, Reconcile; docs/operations.md, "Progress notifications"):
 - Only the claimer of a terminal transition notifies: ``record`` runs inside
   ``actions._finish``'s transaction, after the claim landed, so a lost claim sends
   nothing. The row is unique by (run, status): a notification exists at most once.
@@ -69,7 +69,7 @@ def sign(secret: str, body: bytes, timestamp: int) -> str:
 
 
 def verify(secret: str, body: bytes, header: str) -> bool:
-    """What a receiver does (Python); docs/api.md shows the same in words."""
+    """What a receiver does (Python); docs/operations.md shows the same."""
     parts = dict(item.split("=", 1) for item in header.split(",") if "=" in item)
     try:
         timestamp = int(parts.get("t", ""))

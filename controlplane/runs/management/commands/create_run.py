@@ -36,7 +36,7 @@ class Command(BaseCommand):
         # Secrets reach the job's environment only; they are never printed back.
         parser.add_argument("--secret", action="append", default=[], metavar="NAME=VALUE")
         parser.add_argument("--timeout", type=int, help="wall-clock limit in seconds")
-        # Receives a signed POST on every terminal transition (docs/api.md).
+        # Receives a signed POST on every terminal transition (docs/operations.md).
         parser.add_argument("--callback-url", default="", help="where to POST the run's progress notifications")
 
     def handle(self, *args: object, **options: object) -> None:

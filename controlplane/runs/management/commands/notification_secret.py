@@ -1,5 +1,5 @@
 """manage.py notification_secret OWNER: print the secret OWNER's callback receiver
-verifies progress notifications with (docs/api.md, "Progress notifications")."""
+verifies progress notifications with (docs/operations.md, "Progress notifications")."""
 
 from __future__ import annotations
 
