@@ -367,6 +367,10 @@ NOTIFY_MAX_ATTEMPTS = env_int("HOLDFAST_NOTIFY_MAX_ATTEMPTS", 8, minimum=1)
 # receiver restarting is back in seconds, one that is down stays unhammered.
 NOTIFY_RETRY_BASE_S = env_float("HOLDFAST_NOTIFY_RETRY_BASE_S", 5.0, minimum=0.0)
 NOTIFY_RETRY_MAX_S = 15 * 60.0
+# A notification never attempted this long after its claim lost its Celery message (a
+# crash between commit and publish): reconcile publishes it again. Far longer than any
+# queue backlog, so a message merely waiting in the queue is not doubled for nothing.
+NOTIFY_REPUBLISH_AFTER_S = env_float("HOLDFAST_NOTIFY_REPUBLISH_AFTER_S", 3600.0, minimum=60.0)
 # Callback URLs must be http or https; this bounds their length on the row.
 NOTIFY_MAX_URL_CHARS = 2000
 

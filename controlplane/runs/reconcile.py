@@ -59,6 +59,7 @@ class TickReport:
     waiting: list[str] = field(default_factory=list)  # lost, inside the grace
     failed: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # reason -> run ids
     relaunched: list[str] = field(default_factory=list)
+    notifications_republished: int = 0
     # Writes that found the row moved since this tick read it (another tick, a runner).
     lost_races: int = 0
     duration_s: float = 0.0
@@ -77,6 +78,7 @@ class TickReport:
         ]
         for reason in FailureReason:
             out.append(f"failed {reason}: {len(self.failed.get(reason, []))}")
+        out.append(f"notifications republished: {self.notifications_republished}")
         out.append(f"lost races (row moved under the tick): {self.lost_races}")
         return out
 
@@ -89,6 +91,7 @@ def tick(*, now: datetime | None = None, driver: object | None = None) -> TickRe
     _probe_and_judge(report, clock, driver)
     _launch_deadlines(report, clock)
     _run_deadlines(report, clock)
+    _republish_notifications(report, clock)
     report.duration_s = (timezone.now() - started).total_seconds() if now is None else 0.0
     log.info(
         "event=reconcile_tick hosts=%d silent=%d stamped=%d cleared=%d failed=%d relaunched=%d lost_races=%d",
@@ -264,3 +267,26 @@ def _run_deadlines(report: TickReport, clock: _Clock) -> None:
             log.warning("event=run_deadline_exceeded run_id=%s", run_id)
         else:
             report.lost_races += 1
+
+
+# --- notifications whose message was lost ----------------------------------------------
+
+
+def _republish_notifications(report: TickReport, clock: _Clock) -> None:
+    """A notification is published after its claim commits; a crash in between loses the
+    message. One never attempted long after it was written is published again: the
+    task's lease and its delivered mark make a duplicate message harmless."""
+    from .models import RunNotification
+    from .tasks import deliver_notification
+
+    cutoff = clock() - timedelta(seconds=settings.NOTIFY_REPUBLISH_AFTER_S)
+    stale = RunNotification.objects.filter(
+        attempts=0,
+        delivered_at__isnull=True,
+        abandoned_at__isnull=True,
+        lease_until__isnull=True,
+        created_at__lt=cutoff,
+    ).values_list("id", flat=True)[:1000]
+    for notification_id in stale:
+        deliver_notification.delay(notification_id)
+        report.notifications_republished += 1
