@@ -116,6 +116,18 @@ def notification_key(notification) -> str:
     return f"{notification.run_id}:{notification.status}"
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer that is not 2xx: urllib would turn the POST into a GET to
+    wherever the receiver points, without the body the signature covers."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+# No proxies from the environment either: the callback goes where the run said.
+_OPENER = urllib.request.build_opener(_NoRedirects(), urllib.request.ProxyHandler({}))
+
+
 @dataclass(frozen=True)
 class Attempt:
     """What one delivery attempt did: ``retry_in_s`` is set when another is due."""
@@ -157,7 +169,7 @@ def deliver(notification_id: int) -> Attempt:
     error = ""
     try:
         request = urllib.request.Request(notification.url, data=body, headers=headers, method="POST")  # noqa: S310
-        with urllib.request.urlopen(request, timeout=settings.NOTIFY_TIMEOUT_S) as answer:  # noqa: S310
+        with _OPENER.open(request, timeout=settings.NOTIFY_TIMEOUT_S) as answer:
             answer.read(64 * 1024)
             ok = 200 <= answer.status < 300
             error = "" if ok else f"HTTP {answer.status}"

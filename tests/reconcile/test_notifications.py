@@ -86,3 +86,39 @@ def test_each_terminal_transition_is_notified_once_signed_even_after_two_500s(wo
         assert sorted(receiver.seen_ids.values()) == [3, 3, 3]
         # Each needed three attempts (500, 500, 200), counted on its row.
         assert sorted(RunNotification.objects.values_list("attempts", flat=True)) == [3, 3, 3]
+
+
+def test_a_redirect_is_not_followed_and_counts_as_a_failed_attempt(settings):
+    """urllib would turn the POST into a GET to wherever the receiver points."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", "http://127.0.0.1:9/elsewhere")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        run = actions.create_run("acme", JOB, callback_url=f"http://127.0.0.1:{server.server_address[1]}/hook")
+        actions.cancel_run(run.id)
+        notification = RunNotification.objects.get(run=run)
+        attempt = notifications.deliver(notification.id)
+        assert attempt.sent and not attempt.delivered and attempt.retry_in_s is not None
+        notification.refresh_from_db()
+        assert notification.last_error == "HTTP 302" and notification.delivered_at is None
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+        # No worker here: drop the message the cancel published, for later tests' workers.
+        import redis
+
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)
