@@ -56,3 +56,18 @@ def test_a_notification_whose_message_was_lost_is_published_again(settings):
     assert "notifications republished: 1" in out.getvalue()
     assert broker.llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 1
     broker.delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+
+
+def test_drain_host_reports_the_live_runs_a_drained_host_still_holds():
+    from django.core.cache import cache
+
+    from controlplane.hosts import snapshots
+    from controlplane.hosts.models import SandboxHost
+
+    cache.delete(snapshots.INDEX_KEY)
+    SandboxHost.objects.create(name="h-drain", host_id="h-drain")
+    running_on("h-drain")
+    running_on("h-drain")
+    out = io.StringIO()
+    call_command("drain_host", "h-drain", "--timeout", "1", stdout=out)
+    assert "h-drain: empty" in out.getvalue() and "live runs still on it 2" in out.getvalue()
