@@ -142,8 +142,16 @@ def _probe_and_judge(report: TickReport, clock: _Clock, driver: object | None) -
         answers = launcher.probe_hosts(dict(by_host), driver)
     except launcher.LaunchNotConfigured:
         answers = {}
+    except Exception:
+        # A prober that breaks must not stop the deadlines below from applying; what it
+        # could not tell us is not a loss, so every host counts as silent this tick.
+        log.exception("event=reconcile_probe_failed")
+        answers = {}
     report.silent_hosts = sorted(set(by_host) - set(answers))
-    probe_log.record(answered=sorted(answers), silent=report.silent_hosts, at=clock())
+    try:
+        probe_log.record(answered=sorted(answers), silent=report.silent_hosts, at=clock())
+    except Exception:
+        log.exception("event=reconcile_probe_log_failed")  # the drain page's view only
     grace = timedelta(seconds=settings.SANDBOX_LOSS_GRACE_S)
     skew = timedelta(seconds=settings.RECONCILE_CLOCK_SKEW_S)
     for host_id, statuses in answers.items():

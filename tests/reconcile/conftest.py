@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+import pytest
+import redis
+from django.conf import settings
 from django.test import Client
 
 from controlplane.runs import actions
@@ -14,6 +17,14 @@ from tests.runs.conftest import JOB, SECRET, RunnerCalls
 
 HOST = "host-a"
 CALLBACK = "http://127.0.0.1:9/callback"  # never reached here: nothing consumes the queue
+
+
+@pytest.fixture(autouse=True)
+def _drop_published_messages():
+    """Ticks publish real messages (relaunches, stops, notifications) for rows a test
+    rolls back: drop them so a later test's worker never picks them up."""
+    yield
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)
 
 
 @dataclass

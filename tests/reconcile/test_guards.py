@@ -201,3 +201,19 @@ def test_one_probe_per_host_per_tick_for_all_its_runs():
         "host-a": sorted(p.run_id for p in runs_a),
         "host-b": sorted(p.run_id for p in runs_b),
     }
+
+
+@pytest.mark.django_db
+def test_a_prober_that_breaks_leaves_every_run_untouched_and_deadlines_still_apply():
+    class BrokenProber:
+        def probe(self, run_ids_by_host):
+            raise RuntimeError("a bug in a driver")
+
+    now = timezone.now()
+    placed = running_on(stamp=now - GRACE * 2)
+    queued = reconcile.Run.objects.create(owner="acme", job={"kind": "shell", "command": "true"}, token_salt="s")
+    later = now + timedelta(seconds=settings.RUN_LAUNCH_DEADLINE_S + 1)
+    report = reconcile.tick(now=later, driver=BrokenProber())
+    assert report.silent_hosts == [HOST] and not report.failed
+    assert_still_running_with_keys(placed)
+    assert report.relaunched == [str(queued.id)]
