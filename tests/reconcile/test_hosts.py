@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,6 +141,48 @@ def test_a_silent_host_leaves_its_runs_unstamped_and_an_answering_host_stamps_an
     seen = probe_log.entries()
     assert seen["host-that-is-gone"]["silent_since"] is not None and seen["host-that-is-gone"]["silent_ticks"] >= 1
     assert seen[HOST_ID]["silent_since"] is None and seen[HOST_ID]["last_answer_at"] is not None
+
+
+def test_one_probe_frame_per_thousand_runs_on_one_connection_answers_every_run(drive_host):
+    """A host with more runs than one frame may name is asked in several frames on the
+    same connection, and every run gets an answer (the real host's probe path)."""
+    driver = WebSocketLaunchDriver.from_settings()
+    ids = [uuid.uuid4().hex for _ in range(2345)]
+    answers = driver.probe({HOST_ID: ids})
+    assert set(answers) == {HOST_ID} and set(answers[HOST_ID]) == set(ids)
+    assert {p.status for p in answers[HOST_ID].values()} == {"unknown"}
+    probes = [line for line in drive_host.process.log_lines if "connection_authenticated" in line]
+    assert len(probes) == 1, probes
+
+
+def test_behind_a_balancer_the_prober_dials_until_it_has_found_every_host(tmp_path):
+    """One address (a balancer) in front of two hosts: the prober dials it again until
+    both hosts answered for their own runs, each once."""
+    from controlplane.sandbox.balancer import TcpBalancer
+
+    first = RestartableHost(tmp_path / "a", free_port(), "lb-host-a")
+    second = RestartableHost(tmp_path / "b", free_port(), "lb-host-b")
+    first.start()
+    second.start()
+    try:
+        with TcpBalancer() as balancer:
+            balancer.add_target("a", ("127.0.0.1", first.port))
+            balancer.add_target("b", ("127.0.0.1", second.port))
+            driver = WebSocketLaunchDriver(
+                urls=(f"ws://127.0.0.1:{balancer.address[1]}",),
+                token=TOKEN,
+                connect_timeout_s=5,
+                reply_timeout_s=5,
+                probe_timeout_s=5,
+            )
+            answers = driver.probe({"lb-host-a": ["r-a"], "lb-host-b": ["r-b"]})
+        assert {host: set(statuses) for host, statuses in answers.items()} == {
+            "lb-host-a": {"r-a"},
+            "lb-host-b": {"r-b"},
+        }
+    finally:
+        first.stop()
+        second.stop()
 
 
 # --- test 5: end to end ----------------------------------------------------------------
