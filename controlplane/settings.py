@@ -12,6 +12,10 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
+from django.core.exceptions import ImproperlyConfigured
+
+from sandbox_host import protocol as _protocol
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Embedded state (SQLite file, filesystem broker, file cache) lives here, never in the
 # source tree proper, so `git clean` and `.gitignore` keep it out of commits.
@@ -243,6 +247,16 @@ CELERY_BEAT_SCHEDULE = {
 SANDBOX_URL = env_str("HOLDFAST_SANDBOX_URL", "")
 # Shared secret every host checks on the first frame. Never logged, never sent to a child.
 SANDBOX_TOKEN = env_str("HOLDFAST_SANDBOX_TOKEN", "")
+# The least containment a host must report in auth_ok before the pool or the launch
+# driver sends it anything: by default the full sandbox ("bwrap"). A host below it is
+# refused with the reason in the execution's error. Lower it only on a developer
+# machine, knowingly: insecure-shared-uid or insecure-rlimits (docs/operations.md).
+SANDBOX_REQUIRED_ISOLATION = env_str("HOLDFAST_REQUIRED_ISOLATION", _protocol.FULL_ISOLATION)
+if SANDBOX_REQUIRED_ISOLATION not in _protocol.ISOLATION_LEVELS:
+    raise ImproperlyConfigured(
+        f"HOLDFAST_REQUIRED_ISOLATION must be one of {', '.join(_protocol.ISOLATION_LEVELS)}; "
+        f"got {SANDBOX_REQUIRED_ISOLATION!r}"
+    )
 # Max age of one connection (seconds), jittered down by up to 20% per connection. After
 # it a connection takes no new work, finishes what it runs and closes, so a host that a
 # balancer deregistered drains before its deregistration delay ends. Below 1 s is a

@@ -1,12 +1,17 @@
 """The runner's life: hello -> bundle -> run the job as a child -> stream its lines as events
 -> result. Every control-plane call goes through ``ControlPlaneClient.call``.
 
-``python -m runner`` (no arguments) is how a sandbox host starts it: the run id, the run's
-key and the control plane's URL come from HOLDFAST_RUN_ID, HOLDFAST_RUN_KEY and
-HOLDFAST_CONTROL_PLANE_URL. They are taken out of the environment at once, and the job
-child never sees the key: its environment is built from nothing but PATH, a temp HOME,
-the job's inputs and its injected secrets; and the runner makes itself non-dumpable, so
-the job (same uid) cannot read the key from /proc/<runner pid>/environ or ptrace it.
+``python -m runner`` (no arguments) is how a sandbox host starts it: the run id and the
+control plane's URL come from HOLDFAST_RUN_ID and HOLDFAST_CONTROL_PLANE_URL; the run's
+key from a descriptor named by HOLDFAST_RUN_KEY_FD (a pipe the host filled: the key is
+in no environment, file or command line of the sandbox), or, run by hand, from
+HOLDFAST_RUN_KEY. HOLDFAST_CONTROL_PLANE_SOCKET, when set, is the Unix socket the host
+relays to the control plane (a run sandbox has no network). They are taken out of the
+environment at once, and the job child never sees the key: its environment is built
+from nothing but PATH, a temp HOME, the job's inputs and its injected secrets; and the
+runner makes itself non-dumpable before it reads the key, so the job (same uid) cannot
+read it from /proc/<runner pid>/ or ptrace it (the sandbox's seccomp filter refuses
+ptrace and process_vm_readv as well).
 
 Exit codes: 0 the job succeeded, 1 it did not (or the verdict could not be recorded),
 2 usage (arguments given, or a variable missing). A hello, bundle or result that cannot
@@ -40,6 +45,10 @@ DEFAULT_JOB_TIMEOUT_S = 3600.0
 DEFAULT_KILL_GRACE_S = 5.0
 
 ENV_NAMES = ("HOLDFAST_CONTROL_PLANE_URL", "HOLDFAST_RUN_ID", "HOLDFAST_RUN_KEY")
+KEY_FD_ENV = "HOLDFAST_RUN_KEY_FD"
+SOCKET_ENV = "HOLDFAST_CONTROL_PLANE_SOCKET"
+# A run key is a few dozen characters; more from the descriptor is not a key.
+_MAX_KEY_BYTES = 4096
 _PR_SET_DUMPABLE = 4
 
 
@@ -208,8 +217,8 @@ def breadcrumb(run_id: str, failure: Undeliverable, redactor: Redactor | None = 
     return "runner: " + diagnostic_line("undeliverable", fields, redactor or Redactor(()))
 
 
-def live(base_url: str, run_id: str, run_key: str) -> Outcome:
-    client = ControlPlaneClient(base_url, run_id, run_key, on_retry=_log_retry)
+def live(base_url: str, run_id: str, run_key: str, *, unix_socket: str | None = None) -> Outcome:
+    client = ControlPlaneClient(base_url, run_id, run_key, on_retry=_log_retry, unix_socket=unix_socket)
     try:
         # One instance id per runner process: a replayed hello is the same claim.
         session = client.call("POST", "hello", body={"instance_id": str(uuid.uuid4())})
@@ -239,23 +248,43 @@ def _make_non_dumpable() -> None:
         print("runner: event=non_dumpable_unavailable", file=sys.stderr, flush=True)
 
 
+def _read_key(fd_text: str) -> str:
+    """The key from the host's pipe, which is closed at once: the job never inherits it."""
+    try:
+        fd = int(fd_text)
+        chunks = []
+        while chunk := os.read(fd, _MAX_KEY_BYTES):
+            chunks.append(chunk)
+        os.close(fd)
+    except (ValueError, OSError):
+        return ""
+    return b"".join(chunks).decode("utf-8", errors="replace").strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args:
         names = ", ".join(ENV_NAMES)
         print(f"usage: python -m runner (inputs come from the environment: {names})", file=sys.stderr)
         return 2
+    # Before the key is read: from here on /proc/<our pid>/ belongs to root.
+    _make_non_dumpable()
     # Taken out of the environment at once, so nothing started later can inherit them.
     values = {name: os.environ.pop(name, "") for name in ENV_NAMES}
+    key_fd = os.environ.pop(KEY_FD_ENV, "")
+    unix_socket = os.environ.pop(SOCKET_ENV, "") or None
+    if key_fd and not values["HOLDFAST_RUN_KEY"]:
+        values["HOLDFAST_RUN_KEY"] = _read_key(key_fd)
     missing = [name for name, value in values.items() if not value]
     if missing:
         print(f"runner: missing {', '.join(missing)}", file=sys.stderr)
         return 2
-    _make_non_dumpable()
     print(f"runner: event=started run_id={values['HOLDFAST_RUN_ID']} pid={os.getpid()}", file=sys.stderr, flush=True)
     run_id = values["HOLDFAST_RUN_ID"]
     try:
-        outcome = live(values["HOLDFAST_CONTROL_PLANE_URL"], run_id, values["HOLDFAST_RUN_KEY"])
+        outcome = live(
+            values["HOLDFAST_CONTROL_PLANE_URL"], run_id, values["HOLDFAST_RUN_KEY"], unix_socket=unix_socket
+        )
     except Undeliverable as failure:
         # One line, coordinates only, no traceback: the run's outcome could not reach the
         # control plane within its budget. Reconcile finds the run by its host's probe.

@@ -146,6 +146,10 @@ class ControlPlaneClient:
         # Told (endpoint, attempt just failed, what failed) before each wait for a retry,
         # so the runner's log shows an outage; the reason is a class or a status, no data.
         on_retry: Callable[[str, int, str], None] | None = None,
+        # A run sandbox has no network: its one way out is a Unix socket its host relays
+        # to ``base_url``'s address. The URL still names the scheme, Host and path prefix
+        # (and, for https, the name TLS verifies end to end through the relay).
+        unix_socket: str | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -154,6 +158,7 @@ class ControlPlaneClient:
         self._host = parsed.hostname
         self._port = parsed.port or (443 if parsed.scheme == "https" else 80)
         self._prefix = parsed.path.rstrip("/")
+        self._unix_socket = unix_socket
         self.run_id = str(run_id)
         self._bearer = bearer
         self._connect_timeout_s = connect_timeout_s
@@ -256,7 +261,10 @@ class ControlPlaneClient:
         """One request. Raises _NothingReached, _Ambiguous, BadResponse; else the answer,
         body read in full (reading it is part of the classification)."""
         conn: http.client.HTTPConnection
-        if self._scheme == "https":
+        if self._unix_socket:
+            cls = _UnixHTTPSConnection if self._scheme == "https" else _UnixHTTPConnection
+            conn = cls(self._unix_socket, self._host, self._port, timeout=self._connect_timeout_s)
+        elif self._scheme == "https":
             conn = http.client.HTTPSConnection(self._host, self._port, timeout=self._connect_timeout_s)
         else:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout_s)
@@ -321,3 +329,42 @@ class ControlPlaneClient:
         if status == 409 and code == "run_terminal":
             return RunTerminal(endpoint, status, code, message, parsed)
         return ServerRejected(endpoint, status, code, message, parsed)
+
+
+def _unix_connect(path: str, timeout: float | None) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except FileNotFoundError:
+        sock.close()
+        # The relay's socket is not there yet (or is being replaced after a host
+        # restart): no byte left, exactly like a refused TCP connect.
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "relay socket missing") from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP to ``host:port`` carried over a Unix socket (the sandbox's relay)."""
+
+    def __init__(self, path: str, host: str, port: int, *, timeout: float | None) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = _unix_connect(self._path, self.timeout)
+
+
+class _UnixHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS through the relay: TLS is end to end, verified against the URL's name."""
+
+    def __init__(self, path: str, host: str, port: int, *, timeout: float | None) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = _unix_connect(self._path, self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)

@@ -16,7 +16,7 @@ import socket
 import sys
 
 from . import defaults, uids
-from .isolation import probe
+from .isolation import WARNINGS, probe, sweep_leftovers
 from .log import log
 from .server import Host, Settings
 
@@ -84,13 +84,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--isolation",
         default="auto",
-        help="auto (the strongest that works), or a name to require: bwrap, unshare, unshare-user, rlimits",
+        choices=["auto", "bwrap", "insecure-shared-uid", "insecure-rlimits"],
+        help="auto and bwrap: the full sandbox (bubblewrap, root), or refuse to start; the insecure-* levels "
+        "give user code less containment and are never chosen unless named here (docs/operations.md)",
+    )
+    parser.add_argument(
+        "--insecure-shared-dir",
+        default="",
+        metavar="DIR",
+        help="TEST HARNESSES ONLY: bind DIR read-write into every sandbox (tests count what ran through "
+        "it); any user code can then read and write it",
+    )
+    parser.add_argument(
+        "--scratch-mb",
+        type=int,
+        default=defaults.DEFAULT_SCRATCH_BYTES // (1024 * 1024),
+        help="writable space of one execution as a whole (its tmpfs), MiB",
     )
     args = parser.parse_args(argv)
     if args.max_concurrent < 1:
         parser.error("--max-concurrent must be >= 1")
     if args.max_runs < 0:
         parser.error("--max-runs must be >= 0")
+    if args.scratch_mb < 1:
+        parser.error("--scratch-mb must be >= 1")
 
     # Taken out of our environment so no child we start can inherit it by accident.
     token = os.environ.pop(TOKEN_ENV, "")
@@ -109,10 +126,23 @@ def main(argv: list[str] | None = None) -> int:
             # Children run under uids only this host uses; the lock fd stays open (and
             # the block ours) until the process exits.
             uid_base, _uid_lock_fd = uids.claim(args.max_concurrent)
-        isolation = probe(log, uid_base=uid_base, require=None if args.isolation == "auto" else args.isolation)
+        isolation = probe(
+            log,
+            uid_base=uid_base,
+            require=None if args.isolation == "auto" else args.isolation,
+            scratch_bytes=args.scratch_mb * 1024 * 1024,
+            shared_dir=args.insecure_shared_dir,
+        )
     except RuntimeError as exc:
-        print(f"holdfast-host: {exc}", file=sys.stderr)
+        # Fail closed: one line naming what is missing; never a weaker sandbox by itself.
+        print(f"holdfast-host: refusing to start: {exc}", file=sys.stderr)
         return 2
+    if isolation.name in WARNINGS:
+        print(f"holdfast-host: WARNING --isolation {isolation.name}: {WARNINGS[isolation.name]}", file=sys.stderr)
+    if isolation.shared_dir:
+        warning = f"--insecure-shared-dir {isolation.shared_dir}: every sandbox can read and write it"
+        print(f"holdfast-host: WARNING {warning}", file=sys.stderr)
+    sweep_leftovers(isolation, log, slots=args.max_concurrent)
     listener = socket.create_server(args.listen, backlog=128)
     address, port = listener.getsockname()[:2]
     host = Host(

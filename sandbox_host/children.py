@@ -1,10 +1,11 @@
-"""One execution's child process: spawn it isolated, collect its output, enforce its
-wall clock, kill its whole tree on timeout or cancel.
+"""One execution's child: start its sandbox, collect its output, enforce its wall clock,
+kill all of it on timeout or cancel.
 
-The child chain is ``[isolation prefix] python -I exec_wrapper.py SPEC`` -> ``python -I
-main.py``: the prefix (``unshare``/``bwrap``, or nothing) gives namespaces, the wrapper
-applies rlimits and drops privileges, the last exec runs the user's code with an empty
-environment in its own temp dir.
+The chain is ``python -I exec_wrapper.py SPEC`` (host side: control groups, rlimits)
+-> ``bwrap`` (the sandbox, ``sandbox.py``) -> ``setpriv`` (the slot's uid, no
+capabilities, no_new_privs) -> ``python -I /holdfast/main.py``. The snippet travels in
+a memory file descriptor that bubblewrap copies into the sandbox: nothing of an
+execution is ever written to the host's disk, so nothing can be left there.
 
 Errors::
 
@@ -13,23 +14,25 @@ Errors::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from . import defaults
+from . import defaults, sandbox, seccomp_policy
 from .protocol import MAX_OUTPUT_BYTES, truncate_output
 
+if TYPE_CHECKING:
+    from .isolation import Isolation
+
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_wrapper.py")
-SNIPPET_NAME = "main.py"
 
 
 class ChildError(OSError):
@@ -77,15 +80,12 @@ class _Capped:
 class Child:
     """A started execution. ``wait`` blocks until it ended and returns its outcome."""
 
-    def __init__(
-        self, code: str, limits: Limits, *, prefix: list[str], uid: int | None, python: str = sys.executable
-    ) -> None:
+    def __init__(self, code: str, limits: Limits, *, isolation: Isolation, uid: int | None) -> None:
         self.code = code
-        self.python = python
         self.limits = limits
-        self.prefix = prefix
+        self.isolation = isolation
         self.uid = uid
-        self.tmpdir: str | None = None
+        self.cgroup = f"exec-{uid}" if uid is not None and isolation.cgroups.enabled else ""
         self.proc: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
         self._stop_status = "cancelled"
@@ -94,45 +94,64 @@ class Child:
     # --- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Create the temp dir and the process. Raises ``ChildError`` if either fails."""
+        """Start the sandbox. Raises ``ChildError`` if it cannot (nothing ran)."""
+        fds: list[int] = []
         try:
-            self.tmpdir = tempfile.mkdtemp(prefix="holdfast-exec-")
-            path = os.path.join(self.tmpdir, SNIPPET_NAME)
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(self.code)
-            if self.uid is not None:
-                os.chown(self.tmpdir, self.uid, self.uid)
-                os.chown(path, self.uid, self.uid)
-            os.chmod(self.tmpdir, 0o700)
+            code_fd = os.memfd_create("holdfast-snippet", os.MFD_CLOEXEC)
+            fds.append(code_fd)
+            os.write(code_fd, self.code.encode("utf-8", errors="surrogatepass"))
+            os.lseek(code_fd, 0, os.SEEK_SET)
+            seccomp_fd = None
+            if self.isolation.sandboxed:
+                seccomp_fd = seccomp_policy.program_fd(self.isolation.seccomp)
+                fds.append(seccomp_fd)
+            joins = []
+            if self.cgroup:
+                joins = self.isolation.cgroups.create(
+                    self.cgroup,
+                    memory_bytes=self.limits.memory_mb * 1024 * 1024,
+                    max_processes=self.limits.max_processes,
+                )
+            command, args_fd = sandbox.hide_arguments(
+                self.isolation.command(
+                    uid=self.uid,
+                    code_fd=code_fd,
+                    seccomp_fd=seccomp_fd,
+                    command=[self.isolation.python, "-I", sandbox.SNIPPET_PATH],
+                )
+            )
+            if args_fd is not None:
+                fds.append(args_fd)
+            spec = {"cgroups": joins, "rlimits": self._rlimits(), "argv": command, "die_with_parent": os.getpid()}
             self.proc = subprocess.Popen(
-                self._argv(),
+                [sys.executable, "-I", WRAPPER_PATH, json.dumps(spec)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env={},  # the isolation tool itself sees no secrets either
-                cwd=self.tmpdir,
+                env={},  # the sandbox tooling itself sees no secrets either
+                cwd="/",
                 start_new_session=True,  # own session and process group: killpg reaches all
                 close_fds=True,
+                pass_fds=tuple(fds),
             )
         except OSError as exc:
             self.cleanup()
             raise ChildError(f"could not start the child: {exc.__class__.__name__}") from None
+        finally:
+            for fd in fds:  # the child has its own copies now
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
-    def _argv(self) -> list[str]:
+    def _rlimits(self) -> dict[str, int]:
         limits = self.limits
-        cpu_s = -(-limits.timeout_ms // 1000) + defaults.DEFAULT_CPU_MARGIN_S
-        spec = {
-            "cpu_s": cpu_s,
+        return {
+            "cpu_s": -(-limits.timeout_ms // 1000) + defaults.DEFAULT_CPU_MARGIN_S,
             "as_bytes": limits.memory_mb * 1024 * 1024,
             "nproc": limits.max_processes,
             "fsize": limits.max_file_bytes,
             "nofile": limits.max_open_files,
-            "uid": self.uid,
-            "cwd": self.tmpdir,
-            "argv": [self.python, "-I", SNIPPET_NAME],
+            "core": 0,
         }
-        prefix = [part.replace("{tmpdir}", self.tmpdir or "") for part in self.prefix]
-        return [*prefix, sys.executable, "-I", WRAPPER_PATH, json.dumps(spec)]
 
     def stop(self, status: str, error: str = "") -> None:
         """Ask ``wait`` to kill the child and report ``status`` (cancel, drain expiry)."""
@@ -178,8 +197,11 @@ class Child:
             self.proc.stderr.close()
             if status:  # we killed it: make sure nothing of it is left
                 self.kill()
-            elif self.uid is not None:
-                kill_uid(self.uid)  # a background process must not outlive its execution
+            else:
+                if self.cgroup:  # a background process must not outlive its execution
+                    self.isolation.cgroups.kill(self.cgroup)
+                if self.uid is not None:
+                    kill_uid(self.uid)
         duration_ms = int((time.monotonic() - started) * 1000)
         if status:
             return Outcome(status, None, out.text(), err.text(), duration_ms, error)
@@ -199,13 +221,14 @@ class Child:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        if self.cgroup:
+            self.isolation.cgroups.kill(self.cgroup)
         if self.uid is not None:
             kill_uid(self.uid)  # without a PID namespace, a setsid'd grandchild left the group
 
     def cleanup(self) -> None:
-        if self.tmpdir:
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
-            self.tmpdir = None
+        if self.cgroup:
+            self.isolation.cgroups.remove(self.cgroup)
 
 
 def kill_uid(uid: int, *, rounds: int = 20) -> None:

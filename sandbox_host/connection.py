@@ -183,7 +183,12 @@ class Connection:
         self.authenticated = True
         draining = self.host.mark_authenticated(self)
         log("connection_authenticated", conn=self.id, client=frame.client[:80], draining=draining)
-        self.send(protocol.AuthOk(host_id=self.host.host_id, draining=draining))
+        isolation = self.host.isolation
+        self.send(
+            protocol.AuthOk(
+                host_id=self.host.host_id, draining=draining, isolation=isolation.name, bounds=isolation.bounds()
+            )
+        )
 
     def _refuse(self, code: str, message: str) -> None:
         """Answer an error frame and start the close handshake. The pre-auth byte cap

@@ -23,7 +23,7 @@ DEFAULT_POLL_INTERVAL_S = 0.1
 # After a child exits, keep reading its pipes this long for output still in flight
 # (a grandchild that escaped the group could otherwise hold them open forever).
 DEFAULT_PIPE_DRAIN_S = 1.0
-# The start-up isolation probe runs one trivial child per candidate for at most this long.
+# The start-up isolation probe runs one trivial child for at most this long.
 DEFAULT_PROBE_TIMEOUT_S = 10.0
 # CPU seconds a run's processes may each use (RLIMIT_CPU). Runs last hours; the job's own
 # wall clock (at most a day, the control plane's RUNS_MAX_TIMEOUT_S) is enforced by the
@@ -66,6 +66,17 @@ DEFAULT_RUN_MEMORY_MB = 2048
 # (61000 + 64 * 1000 ends at 125000), because a run outlives the host that started it.
 DEFAULT_RUN_UID_BASE = 200_000
 DEFAULT_RUN_UIDS = 10_000
-# Interpreters tried for user code when the host's own is out of an unprivileged uid's
-# reach (a venv under /root, mode 0700): the system's.
+# Writable space of one execution, in bytes, as a whole: its one tmpfs (/tmp, which is
+# also HOME, the working directory, /var/tmp and /dev/shm). tmpfs is RAM and counts
+# against the execution's memory group; a snippet's scratch files are small.
+DEFAULT_SCRATCH_BYTES = 64 * 1024 * 1024
+# Writable space of one run's sandbox: a job that builds or downloads needs more than a
+# snippet, and still must not fill the machine.
+DEFAULT_RUN_SCRATCH_BYTES = 512 * 1024 * 1024
+# Connections a run's relay carries at once (the runner's calls are sequential plus one
+# long poll; more is a job hammering the control plane through it).
+DEFAULT_RELAY_MAX_CONNECTIONS = 16
+# Interpreters tried for user code under --isolation insecure-rlimits when the host's own
+# is out of an unprivileged uid's reach (a venv under /root, mode 0700): the system's.
+# (A sandbox binds the host's interpreter at its own path, so it needs none of these.)
 DEFAULT_FALLBACK_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")

@@ -1,52 +1,56 @@
-"""Exec wrapper: the first program of every child. Applies rlimits, drops to the
-execution's unprivileged uid, enters its temp dir, then execs the interpreter.
+"""Exec wrapper: the first program of every sandbox, on the host's side of it. Joins the
+sandbox's control groups, applies the rlimits floor, then executes the sandbox itself
+(bubblewrap; ``setpriv`` and the interpreter run inside it).
 
 Why a separate program rather than ``preexec_fn``: the host is multi-threaded, and code
 run between ``fork`` and ``exec`` in a threaded process can deadlock on a lock another
-thread held at fork time. Here the limits are applied by a single-threaded process.
+thread held at fork time. Here the work is done by a single-threaded process, before
+anything of the sandbox exists, so everything the sandbox starts is born inside its
+groups and under its limits.
 
-Runs as ``python -I exec_wrapper.py SPEC_JSON`` inside the isolation (namespace or
-bubblewrap). Standard library only; imports nothing from ``sandbox_host`` because ``-I``
-keeps the package off ``sys.path``. Any failure exits 126 with one line on stderr.
+Runs as ``python -I exec_wrapper.py SPEC_JSON``. Standard library only. Any failure
+exits 126 with one line on stderr and nothing of the sandbox started.
 """
 
+import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 
 SETUP_FAILED_EXIT = 126
-
-
-def _limit(which: int, value: int) -> None:
-    resource.setrlimit(which, (value, value))
+_PR_SET_PDEATHSIG = 1
+RLIMITS = {
+    "cpu_s": resource.RLIMIT_CPU,
+    "as_bytes": resource.RLIMIT_AS,
+    "nproc": resource.RLIMIT_NPROC,
+    "fsize": resource.RLIMIT_FSIZE,
+    "nofile": resource.RLIMIT_NOFILE,
+    "core": resource.RLIMIT_CORE,
+}
 
 
 def main(argv: list[str]) -> None:
     spec = json.loads(argv[1])
-    # Limits first, while still privileged: a lowered hard limit cannot be raised again
-    # by the unprivileged user code that follows.
-    _limit(resource.RLIMIT_CPU, spec["cpu_s"])
-    _limit(resource.RLIMIT_AS, spec["as_bytes"])
-    _limit(resource.RLIMIT_NPROC, spec["nproc"])
-    _limit(resource.RLIMIT_FSIZE, spec["fsize"])
-    _limit(resource.RLIMIT_NOFILE, spec["nofile"])
-    _limit(resource.RLIMIT_CORE, 0)
-    uid = spec.get("uid")
-    if uid is not None:
-        # Order matters: groups and gid can only be changed while still root.
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-        if os.getuid() == 0 or os.geteuid() == 0:
-            raise OSError("privileges were not dropped")
-    os.chdir(spec["cwd"])
-    argv_out = spec["argv"]
-    # An empty environment: nothing the host knows (its token above all) reaches user code.
-    # A run's sandbox names the variables it keeps (its id, key and the control plane's
-    # URL, which the host put in our environment, never in argv where ``ps`` shows them).
-    env = {name: os.environ[name] for name in spec.get("env_names", ()) if name in os.environ}
-    os.execve(argv_out[0], argv_out, env)  # noqa: S606 - exec without a shell is the point
+    parent = spec.get("die_with_parent")
+    if parent:
+        # An execution must not outlive a SIGKILLed host. bwrap's --die-with-parent only
+        # covers a parent that dies after bwrap started; this covers the moments before
+        # (the signal setting survives the exec into bwrap), and a host already gone.
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            raise OSError("the host exited before its sandbox started")
+    for procs in spec.get("cgroups", ()):
+        with open(procs, "w") as fh:
+            fh.write(str(os.getpid()))
+    # Hard limits too: lowered here, user code can never raise them again.
+    for name, value in spec["rlimits"].items():
+        resource.setrlimit(RLIMITS[name], (value, value))
+    command = spec["argv"]
+    # The environment is the one we were given: empty for an execution, so nothing the
+    # host knows (its token above all) reaches the sandbox or even bubblewrap.
+    os.execve(command[0], command, dict(os.environ))  # noqa: S606 - exec without a shell is the point
 
 
 if __name__ == "__main__":

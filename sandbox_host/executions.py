@@ -126,9 +126,8 @@ def run_execution(
     child = Child(
         frame.code,
         Limits(timeout_ms=frame.timeout_ms, memory_mb=frame.memory_mb),
-        prefix=list(isolation.prefix),
+        isolation=isolation,
         uid=isolation.uid_for(running.slot),
-        python=isolation.python,
     )
     try:
         try:

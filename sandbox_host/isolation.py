@@ -1,121 +1,176 @@
-"""Which isolation this machine allows, probed once at start-up and logged.
+"""The containment level of this host, built and proven once at start-up.
 
-Candidates, strongest first; the first whose probe runs a real child end to end wins:
+DESIGN.md (Containment): "A host that cannot build this refuses to start unless an
+operator asks for less with an explicitly unsafe flag; its level is sent in auth_ok".
 
-* ``bwrap``: bubblewrap with new PID, network, IPC and UTS namespaces, a read-only view
-  of the filesystem with only the execution's temp dir writable, and
-  ``--die-with-parent`` so killing the wrapper kills everything inside;
-* ``unshare``: util-linux ``unshare`` with new network, PID (``--fork --kill-child``,
-  fresh ``/proc``), mount, IPC and UTS namespaces; needs root;
-* ``unshare-user``: the same inside a new user namespace, for a host that is not root
-  where unprivileged user namespaces are enabled;
-* ``rlimits``: no namespaces, only the wrapper's rlimits, the empty environment, the
-  process group and (as root) the per-slot uid. Logged loudly: user code then shares the
-  host's network and sees its process table.
+Levels, strongest first (``LEVELS`` is weakest first, for comparisons):
 
-A PID namespace is what makes "kill the whole group" complete: the kernel kills every
-process of a namespace when its init dies, setsid'd grandchildren included.
-
-Run sandboxes (``runs.py``) use the same isolation with two differences, both from
-``Isolation.for_runs``: no network namespace, because the runner must reach the
-control plane over HTTP; and no ``--die-with-parent``, because a run outlives the host
-process that started it (a host restart or drain must not kill runs).
+* ``bwrap``: the full containment of ``sandbox.py`` on a root host: bubblewrap, a
+  private read-only root, one capped tmpfs, its own PID/mount/network/IPC/UTS/cgroup
+  namespaces, the slot's own unprivileged uid, no capabilities, no_new_privs, the
+  seccomp filter, and per-sandbox control groups where the machine offers them. The
+  only level ``auto`` picks; a host that cannot build it exits 2 with one line saying
+  what is missing.
+* ``insecure-shared-uid``: the same sandbox on a host that is not root. Without root
+  there is no other uid to give user code: it runs in a user namespace mapped to the
+  host's own uid, so a kernel escape would own the host user's files. Only by explicit
+  request.
+* ``insecure-rlimits``: no sandbox at all, only rlimits, an empty environment and (as
+  root) the slot's uid. User code shares the host's network and filesystem. For a
+  developer machine without bubblewrap, only by explicit request.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
-import shutil
 import stat
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from . import defaults
+from . import cgroups as cgroups_mod
+from . import defaults, protocol, sandbox, seccomp_policy
 from .children import Child, ChildError, Limits
 
-# ``{tmpdir}`` is replaced with the execution's temp dir.
-_BWRAP = [
-    "bwrap",
-    "--die-with-parent",
-    "--new-session",
-    "--unshare-pid",
-    "--unshare-net",
-    "--unshare-ipc",
-    "--unshare-uts",
-    "--ro-bind", "/", "/",
-    "--proc", "/proc",
-    "--dev", "/dev",
-    "--tmpfs", "/tmp",  # noqa: S108 - a fresh empty tmpfs inside the sandbox
-    "--bind", "{tmpdir}", "{tmpdir}",
-    "--chdir", "{tmpdir}",
-    "--",
-]  # fmt: skip
-# An execution must not outlive a host that was SIGKILLed: setpriv gives unshare a
-# parent-death signal (kept across its exec), and unshare's --kill-child then takes the
-# whole PID namespace with it. Runs go without it: they are detached on purpose.
-_DIE_WITH_HOST = ("setpriv", "--pdeathsig", "KILL")
-_UNSHARE = [
-    *(_DIE_WITH_HOST if shutil.which("setpriv") else ()),
-    "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts", "--",
-]  # fmt: skip
-_UNSHARE_USER = [
-    *_UNSHARE[: _UNSHARE.index("unshare") + 1],
-    "--user",
-    "--map-root-user",
-    *_UNSHARE[_UNSHARE.index("unshare") + 1 :],
-]
-# Flags a run's sandbox goes without (see ``Isolation.for_runs``).
-_RUN_DROPPED_FLAGS = frozenset({"--net", "--unshare-net", "--die-with-parent"})
+RLIMITS, SHARED_UID, FULL = protocol.ISOLATION_LEVELS  # weakest first
+LEVELS = protocol.ISOLATION_LEVELS
+# What each explicit, weaker level gives up, said at start-up and in every auth_ok.
+WARNINGS = {
+    SHARED_UID: "user code runs under the host's own uid in a user namespace: an escape owns the host user's files",
+    RLIMITS: "user code is NOT sandboxed: it shares the host's network, filesystem and kernel surface",
+}
 
 
 @dataclass(frozen=True)
 class Isolation:
     name: str
-    prefix: tuple[str, ...]
-    # Whether user code is cut off from the network (a network namespace).
-    no_network: bool
-    # Uid each execution slot runs under (root host only), or None to keep ours.
+    # First uid of this host's execution slots (root hosts), or None.
     uid_base: int | None
-    # Interpreter user code runs in: one the child's uid can reach.
+    layout: sandbox.Layout | None = None
+    seccomp: bytes = b""
+    cgroups: cgroups_mod.Cgroups = field(default_factory=lambda: cgroups_mod.Cgroups("", {}))
+    # Writable space of one execution (its one tmpfs), bytes.
+    scratch_bytes: int = defaults.DEFAULT_SCRATCH_BYTES
+    # Interpreter user code runs in.
     python: str = sys.executable
+    # --insecure-shared-dir: one host directory every sandbox may write (test harnesses).
+    shared_dir: str = ""
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.layout is not None
+
+    @property
+    def no_network(self) -> bool:
+        return self.sandboxed
 
     def uid_for(self, slot: int) -> int | None:
         return None if self.uid_base is None else self.uid_base + slot
 
-    def for_runs(self) -> tuple[str, ...]:
-        """The prefix a run's sandbox starts under: this one with the network kept (the
-        runner talks HTTP to the control plane) and without ``--die-with-parent`` (the
-        run is detached and survives the host)."""
-        prefix = (
-            self.prefix[len(_DIE_WITH_HOST) :] if self.prefix[: len(_DIE_WITH_HOST)] == _DIE_WITH_HOST else self.prefix
+    def bounds(self) -> dict[str, object]:
+        """The bounds in force for one sandbox as a whole, for the log and ``auth_ok``."""
+        found: dict[str, object] = {
+            **self.cgroups.bounds(),
+            "cpu": "rlimit",
+            "time": "wall clock, whole sandbox",
+            "scratch_bytes": self.scratch_bytes if self.sandboxed else None,
+            "seccomp": bool(self.seccomp),
+        }
+        if self.name in WARNINGS:
+            found["warning"] = WARNINGS[self.name]
+        if self.shared_dir:
+            found["insecure_shared_dir"] = self.shared_dir
+        return found
+
+    def command(
+        self,
+        *,
+        uid: int | None,
+        code_fd: int | None,
+        seccomp_fd: int | None,
+        command: list[str],
+        scratch_bytes: int | None = None,
+        env: dict[str, str] | None = None,
+        die_with_parent: bool = True,
+        ro_binds: tuple[tuple[str, str], ...] = (),
+        status_fd: int | None = None,
+    ) -> list[str]:
+        """The command that starts one sandbox around ``command`` (which may name
+        ``sandbox.SNIPPET_PATH``: the snippet from ``code_fd``)."""
+        if self.layout is None:  # insecure-rlimits: the snippet is read from its descriptor
+            command = [f"/proc/self/fd/{code_fd}" if part == sandbox.SNIPPET_PATH else part for part in command]
+            if uid is None:
+                return command
+            return [
+                sandbox.setpriv_path(),
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--bounding-set=-all",
+                "--inh-caps=-all",
+                "--no-new-privs",
+                "--",
+                *command,
+            ]
+        assert seccomp_fd is not None
+        spec = sandbox.Spec(
+            uid=uid,
+            scratch_bytes=scratch_bytes or self.scratch_bytes,
+            seccomp_fd=seccomp_fd,
+            command=tuple(command),
+            env=tuple((env or {}).items()),
+            die_with_parent=die_with_parent,
+            data_files=((code_fd, sandbox.SNIPPET_PATH),) if code_fd is not None else (),
+            ro_binds=ro_binds,
+            status_fd=status_fd,
+            shared_dir=self.shared_dir,
         )
-        return tuple(part for part in prefix if part not in _RUN_DROPPED_FLAGS)
+        return sandbox.argv(self.layout, spec)
 
 
-def candidates(*, uid_base: int | None) -> list[Isolation]:
-    is_root = uid_base is not None
-    # An unprivileged uid must be able to reach the interpreter (a venv under /root is not).
-    python = child_python() if is_root else sys.executable
-    found = []
-    if shutil.which("bwrap"):
-        found.append(Isolation("bwrap", tuple(_BWRAP), True, uid_base, python))
-    if shutil.which("unshare"):
-        if is_root:
-            found.append(Isolation("unshare", tuple(_UNSHARE), True, uid_base, python))
-        else:
-            found.append(Isolation("unshare-user", tuple(_UNSHARE_USER), True, None, python))
-    found.append(Isolation("rlimits", (), False, uid_base, python))
-    return found
+def build(level: str, *, uid_base: int | None, scratch_bytes: int = defaults.DEFAULT_SCRATCH_BYTES) -> Isolation:
+    """The isolation of ``level`` on this machine, not yet proven. Raises RuntimeError
+    with one line naming what is missing."""
+    is_root = os.geteuid() == 0
+    groups, _ = cgroups_mod.detect()
+    if level == RLIMITS:
+        # No private root: the slot's uid must reach the interpreter on the host's disk.
+        python = child_python() if is_root else sandbox.base_interpreter()[0]
+        return Isolation(RLIMITS, uid_base, cgroups=groups, python=python)
+    if level == FULL and not is_root:
+        raise RuntimeError(
+            "the host is not root, so user code cannot get a uid of its own; run the host as root, "
+            f"or pass --isolation {SHARED_UID} to accept running it under the host's uid"
+        )
+    if level == SHARED_UID and is_root:
+        raise RuntimeError(f"{SHARED_UID} is for hosts that are not root; a root host uses --isolation {FULL}")
+    if level not in (FULL, SHARED_UID):
+        raise RuntimeError(f"unknown isolation {level!r}; expected auto, {', '.join(reversed(LEVELS))}")
+    try:
+        lay = sandbox.layout()
+        program = seccomp_policy.compile_filter()
+    except (sandbox.SandboxUnavailable, seccomp_policy.SeccompUnavailable) as exc:
+        raise RuntimeError(f"cannot build the sandbox: {exc}") from None
+    return Isolation(
+        level,
+        uid_base if is_root else None,
+        layout=lay,
+        seccomp=program,
+        cgroups=groups,
+        scratch_bytes=scratch_bytes,
+        python=lay.python,
+    )
 
 
 def child_python() -> str:
     """The first interpreter every user may execute: ours if it is reachable, else the
-    system's."""
-    for path in (sys.executable, os.path.realpath(sys.executable), *defaults.DEFAULT_FALLBACK_PYTHONS):
+    system's (insecure-rlimits only: a sandbox binds ours at its own path)."""
+    for path in (sandbox.base_interpreter()[0], *defaults.DEFAULT_FALLBACK_PYTHONS):
         if _world_executable(path):
             return path
-    return sys.executable  # the probe will then fail and say why
+    return sandbox.base_interpreter()[0]  # the probe will then fail and say why
 
 
 def _world_executable(path: str) -> bool:
@@ -134,15 +189,25 @@ def _world_executable(path: str) -> bool:
         return False
 
 
+# The probe snippet prints what the sandbox must show: its uid, an empty environment,
+# no_new_privs, a loaded filter, an empty bounding set, no network interface but lo.
+_PROBE = """
+import os, socket
+status = dict(line.split(':\\t', 1) for line in open('/proc/self/status').read().splitlines() if ':\\t' in line)
+ifaces = sorted(name for _, name in socket.if_nameindex())
+print('ok', os.getuid(), ','.join(sorted(os.environ)) or '-', status.get('NoNewPrivs', '?').strip(),
+      status.get('Seccomp', '?').strip(), status.get('CapBnd', '?').strip(), ','.join(ifaces) or '-')
+"""
+
+
 def works(isolation: Isolation) -> tuple[bool, str]:
-    """Run one trivial child through ``isolation`` exactly as an execution would."""
-    probe = "import os, socket\nprint('ok', os.getuid(), ','.join(sorted(os.environ)) or '-')\n"
+    """Run one trivial child through ``isolation`` exactly as an execution would, and
+    check that what it sees is what the level promises."""
     child = Child(
-        probe,
+        _PROBE,
         Limits(timeout_ms=int(defaults.DEFAULT_PROBE_TIMEOUT_S * 1000), memory_mb=512),
-        prefix=list(isolation.prefix),
+        isolation=isolation,
         uid=isolation.uid_for(0),
-        python=isolation.python,
     )
     try:
         child.start()
@@ -152,40 +217,76 @@ def works(isolation: Isolation) -> tuple[bool, str]:
         outcome = child.wait()
     finally:
         child.cleanup()
-    expected_uid = isolation.uid_for(0)
     words = outcome.stdout.split()
-    if outcome.status != "succeeded" or len(words) != 3 or words[0] != "ok":
-        return False, f"status={outcome.status} stderr={outcome.stderr.strip()[-200:]}"
-    if expected_uid is not None and words[1] != str(expected_uid):
-        return False, f"child ran as uid {words[1]}, expected {expected_uid}"
-    # Python's PEP 538 locale coercion may add LC_CTYPE itself; anything else leaked in.
-    if set(words[2].split(",")) - {"-", "LC_CTYPE"}:
-        return False, "child saw a non-empty environment"
+    if outcome.status != "succeeded" or len(words) != 7 or words[0] != "ok":
+        return False, f"status={outcome.status} stderr={outcome.stderr.strip()[-300:]}"
+    _, uid, env, nnp, seccomp, capbnd, ifaces = words
+    expected_uid = isolation.uid_for(0)
+    if expected_uid is None and isolation.sandboxed:
+        expected_uid = sandbox.USERNS_UID
+    if expected_uid is not None and uid != str(expected_uid):
+        return False, f"child ran as uid {uid}, expected {expected_uid}"
+    # Python's PEP 538 locale coercion may add LC_CTYPE itself, and bubblewrap sets PWD
+    # (the sandbox's own /tmp); anything else leaked in.
+    if set(env.split(",")) - {"-", "LC_CTYPE", "PWD"}:
+        return False, f"child saw a non-empty environment ({env})"
+    if isolation.sandboxed:
+        failures = []
+        if nnp != "1":
+            failures.append("no_new_privs is not set")
+        if seccomp != "2":
+            failures.append("no seccomp filter is loaded")
+        if int(capbnd, 16) != 0 and isolation.uid_base is not None:
+            failures.append("the capability bounding set is not empty")
+        if ifaces not in ("lo", "-"):
+            failures.append(f"the sandbox sees network interfaces {ifaces}")
+        if failures:
+            return False, "; ".join(failures)
     return True, ""
 
 
-def probe(log: Callable[..., None], *, uid_base: int | None, require: str | None = None) -> Isolation:
-    """Pick the strongest isolation that works here (or exactly ``require``); log every
-    refusal and the choice. ``uid_base`` is the host's claimed uid block (root only).
-    Raises ``RuntimeError`` when none (or not ``require``) works."""
-    for isolation in candidates(uid_base=uid_base):
-        if require is not None and isolation.name != require:
-            continue
-        ok, why = works(isolation)
-        if ok:
-            level = "warning" if isolation.name == "rlimits" else "info"
-            log(
-                "isolation_selected",
-                level=level,
-                isolation=isolation.name,
-                no_network=isolation.no_network,
-                # Runs keep the network: the runner must reach the control plane.
-                runs_no_network=False,
-                uid_base=isolation.uid_base,
-                python=isolation.python,
-            )
-            return isolation
-        log("isolation_unavailable", isolation=isolation.name, reason=why)
-    if require is not None:
-        raise RuntimeError(f"isolation {require!r} is not available on this machine")
-    raise RuntimeError("no isolation works, not even rlimits")  # rlimits failing means the host cannot run code
+def probe(
+    log: Callable[..., None],
+    *,
+    uid_base: int | None,
+    require: str | None = None,
+    scratch_bytes: int | None = None,
+    shared_dir: str = "",
+) -> Isolation:
+    """Build and prove ``require`` (``None``/"auto": the full containment, nothing
+    less). Raises ``RuntimeError`` with one line when it cannot."""
+    level = FULL if require in (None, "auto") else require
+    isolation = build(level, uid_base=uid_base, scratch_bytes=scratch_bytes or defaults.DEFAULT_SCRATCH_BYTES)
+    if shared_dir:
+        isolation = dataclasses.replace(isolation, shared_dir=os.path.realpath(shared_dir))
+    ok, why = works(isolation)
+    if not ok:
+        log("isolation_unavailable", isolation=level, reason=why)
+        raise RuntimeError(f"isolation {level!r} does not work on this machine: {why}")
+    _, cgroup_reason = cgroups_mod.detect() if not isolation.cgroups.enabled else (None, "")
+    log(
+        "isolation_selected",
+        level="warning" if level in WARNINGS else "info",
+        isolation=level,
+        bounds=isolation.bounds(),
+        cgroups=isolation.cgroups.version or f"none ({cgroup_reason})",
+        uid_base=isolation.uid_base,
+        python=isolation.python,
+    )
+    return isolation
+
+
+def sweep_leftovers(isolation: Isolation, log: Callable[..., None], *, slots: int) -> None:
+    """Remove the control groups an earlier incarnation on this uid block left behind
+    (a SIGKILLed host): the block is ours now, so no live sandbox uses them."""
+    if isolation.uid_base is None or not isolation.cgroups.enabled:
+        return
+    names = {f"exec-{isolation.uid_base + slot}" for slot in range(slots)}
+    removed = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            if isolation.cgroups.members(name) or any(os.path.isdir(p) for p in isolation.cgroups.paths(name).values()):
+                isolation.cgroups.remove(name)
+                removed.append(name)
+    if removed:
+        log("leftovers_removed", cgroups=len(removed))

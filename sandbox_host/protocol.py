@@ -59,6 +59,12 @@ RESULT_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 # no record of it (never launched here, or launched under another state directory).
 RUN_STATUSES = frozenset({"running", "exited", "unknown"})
 
+# Containment levels a host reports in ``auth_ok``, weakest first (``sandbox_host.isolation``
+# says what each gives). An empty or unknown level (a host of an older release) ranks
+# below all of them.
+ISOLATION_LEVELS = ("insecure-rlimits", "insecure-shared-uid", "bwrap")
+FULL_ISOLATION = "bwrap"
+
 # Error codes the host may put in an ``error`` frame.
 ERROR_CODES = frozenset(
     {
@@ -193,11 +199,21 @@ class ProbeRuns(Frame):
 
 @dataclass(frozen=True)
 class AuthOk(Frame):
+    """``isolation`` is the host's containment level (one of ``ISOLATION_LEVELS``) and
+    ``bounds`` what bounds one sandbox as a whole there (memory, processes, scratch
+    space, ...): clients refuse a host below the level they require."""
+
     type: ClassVar[str] = "auth_ok"
     required: ClassVar[dict] = {"host_id": str}
     host_id: str
     max_frame_bytes: int = MAX_FRAME_BYTES
     draining: bool = False
+    isolation: str = ""
+    bounds: dict | None = None
+
+    def check(self) -> None:
+        if not isinstance(self.isolation, str) or not (self.bounds is None or isinstance(self.bounds, dict)):
+            raise ProtocolError("bad_field", "auth_ok.isolation must be a string and bounds an object")
 
 
 @dataclass(frozen=True)
@@ -355,6 +371,20 @@ def decode(text: str | bytes) -> Frame:
     return frame
 
 
+def isolation_rank(level: str) -> int:
+    """Position of ``level`` in ``ISOLATION_LEVELS``; -1 (below all) when unknown."""
+    return ISOLATION_LEVELS.index(level) if level in ISOLATION_LEVELS else -1
+
+
+def isolation_refusal(offered: str, required: str) -> str:
+    """Why a client must not use a host offering ``offered`` when it requires
+    ``required``; empty when it may."""
+    if isolation_rank(offered) >= isolation_rank(required):
+        return ""
+    shown = offered or "none reported (a host of an older release)"
+    return f"the host's isolation is {shown}, below the required {required}"
+
+
 def _valid_id(value: str) -> bool:
     return 0 < len(value) <= MAX_ID_CHARS and all(c.isalnum() or c in "-_" for c in value)
 
@@ -369,6 +399,8 @@ def truncate_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
 
 
 __all__ = [
+    "FULL_ISOLATION",
+    "ISOLATION_LEVELS",
     "MAX_FRAME_BYTES",
     "MAX_OUTPUT_BYTES",
     "MAX_PROBE_IDS",
@@ -393,5 +425,7 @@ __all__ = [
     "StopRun",
     "decode",
     "encode",
+    "isolation_rank",
+    "isolation_refusal",
     "truncate_output",
 ]

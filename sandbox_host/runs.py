@@ -9,22 +9,31 @@ Rules (DESIGN.md, Runs; docs/protocol.md, "Runs"):
   run never started (reconcile fails it later), never started twice.
 * **Detached.** The sandbox gets its own session, its output goes to a file, and the
   host keeps no pipe to it: a host restart or drain does not touch it. A restarted host
-  with the same state directory probes it by pid and kernel start time.
-* **Isolation** is the executions' (PID namespace, unprivileged uid, rlimits, empty
-  environment) except the network: the runner must reach the control plane. The
-  sandbox's environment is the run id, the run's key (its only secret), the control
-  plane's URL, and PATH/PYTHONPATH/HOME/TMPDIR. Never the host token.
+  with the same state directory probes it by pid and kernel start time, and reads its
+  exit code from the status file bubblewrap writes when it ends (so a run that ended
+  while no host was its parent still reports its real exit code).
+* **Containment** is the executions' (``sandbox.py``: private read-only root, one capped
+  tmpfs, PID/mount/IPC/UTS/network namespaces, the run's own uid, no capabilities,
+  no_new_privs, seccomp, control groups) with its own network namespace and no way out
+  but ``/holdfast/sock/api.sock``: a Unix socket that the run's relay (``relay.py``)
+  connects to the control plane's address and nowhere else. The relay runs under the
+  run's uid and in its control groups, and survives a host restart like the sandbox; a
+  restarted host starts a new one if it is gone.
+* **The key** reaches the runner through a pipe (``HOLDFAST_RUN_KEY_FD``), never an
+  environment, a file or a command line; the runner reads it after making itself
+  non-dumpable, so the job (its child, same uid) cannot read it from /proc, and the
+  seccomp filter refuses ptrace and process_vm_readv. Never the host token.
 * A draining host answers a new launch ``not_started(draining)``: the launch task tries
   again elsewhere. The drain never waits on runs.
 
 State directory (root only, 0700)::
 
     <state_dir>/lock                 flock around launch, stop and probe
-    <state_dir>/runs/<run id>.json   pid, start time, uid, run dir, exit code
-    <state_dir>/runs/<run id>.log    the runner's stdout and stderr
-
-Run directory (the sandbox's own, owned by its uid): ``lib/runner`` (a copy of the
-runner package: the unprivileged uid cannot read the host's venv), ``tmp``.
+    <state_dir>/runs/<run id>.json   pid, start time, uid, relay, exit code
+    <state_dir>/runs/<run id>.log    the runner's and the relay's stdout and stderr
+    <state_dir>/runs/<run id>.status bubblewrap's JSON status (the exit code)
+    /run/holdfast-relay/<digest>/sock the relay's socket, bound into the sandbox (a
+                                     short path: a socket's must fit in 108 bytes)
 
 Errors: none escape. A launch that cannot start its process answers
 ``not_started(spawn_failed)`` and removes its record, so a retry may start it.
@@ -34,37 +43,33 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import defaults, protocol, run_uids
+from . import defaults, protocol, run_uids, sandbox, seccomp_policy
 from .children import WRAPPER_PATH, kill_uid
 from .isolation import Isolation
 from .log import log
 from .procs import alive, start_time
 
 RUNNER_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runner")
-# The variables the sandbox's runner gets (exec_wrapper keeps exactly these).
-RUN_ENV_NAMES = (
-    "HOLDFAST_RUN_ID",
-    "HOLDFAST_RUN_KEY",
-    "HOLDFAST_CONTROL_PLANE_URL",
-    "PATH",
-    "PYTHONPATH",
-    "HOME",
-    "TMPDIR",
-    "LANG",
-    "PYTHONUNBUFFERED",
-)
+RELAY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
+# Inside the sandbox: the runner's package and the relay's socket, both read-only binds.
+SANDBOX_LIB = f"{sandbox.HOLDFAST_DIR}/lib"
+SANDBOX_SOCK_DIR = f"{sandbox.HOLDFAST_DIR}/sock"
+SOCKET_NAME = "api.sock"
 
 
 def default_state_dir(host_id: str) -> str:
@@ -80,6 +85,8 @@ class RunLimits:
     max_processes: int = defaults.DEFAULT_MAX_PROCESSES
     max_file_bytes: int = defaults.DEFAULT_MAX_FILE_BYTES
     max_open_files: int = defaults.DEFAULT_MAX_OPEN_FILES
+    scratch_bytes: int = defaults.DEFAULT_RUN_SCRATCH_BYTES
+    relay_max_connections: int = defaults.DEFAULT_RELAY_MAX_CONNECTIONS
 
 
 class RunSandboxes:
@@ -131,7 +138,7 @@ class RunSandboxes:
             pid=record["pid"],
             uid=record["uid"],
             isolation=self.isolation.name,
-            network=True,
+            network="relay",
         )
         threading.Thread(target=self._reap, args=(proc, record), name=f"run-{run_id}", daemon=True).start()
         return protocol.RunLaunched(id=run_id, already=False)
@@ -147,6 +154,8 @@ class RunSandboxes:
                 # The sandbox's own group: its PID namespace's init dies, and with it
                 # everything inside (unshare --kill-child, bwrap).
                 os.killpg(record["pid"], signal.SIGKILL)
+            if record.get("cgroup"):
+                self.isolation.cgroups.kill(record["cgroup"])
             if record.get("uid") is not None:
                 kill_uid(record["uid"])  # without a PID namespace, what left the group
             # SIGKILL lands asynchronously: answer only once the sandbox is gone, so a
@@ -170,9 +179,10 @@ class RunSandboxes:
                     statuses[run_id] = {"status": "running", "exit_code": None}
                 else:
                     # Exited while no host of this state dir was its parent (a restart):
-                    # its exit code is lost with the old host. Or it never got a pid.
-                    statuses[run_id] = {"status": "exited", "exit_code": None}
-                    record["exit_code"] = None
+                    # bubblewrap wrote its exit code to the status file. Or it never got a pid.
+                    code = self._status_exit_code(run_id) if record.get("pid") is not None else None
+                    statuses[run_id] = {"status": "exited", "exit_code": code}
+                    record["exit_code"] = code
                     self._write(run_id, record)
                     self._cleanup(record)
         return protocol.RunStatus(statuses=statuses, ref=frame.ref)
@@ -180,96 +190,230 @@ class RunSandboxes:
     # --- starting one ------------------------------------------------------------
 
     def _spawn(self, frame: protocol.LaunchRun) -> tuple[subprocess.Popen, dict]:
-        run_dir = tempfile.mkdtemp(prefix="holdfast-run-")
+        run_dir = _run_dir(self.state_dir, frame.id)
+        shutil.rmtree(run_dir, ignore_errors=True)  # a leftover of a launch that never started
+        sock_dir = os.path.join(run_dir, "sock")
+        os.makedirs(sock_dir, mode=0o755)
+        log_path = os.path.join(self._runs_dir, f"{frame.id}.log")
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            lib = os.path.join(run_dir, "lib")
-            shutil.copytree(RUNNER_SOURCE, os.path.join(lib, "runner"), ignore=shutil.ignore_patterns("__pycache__"))
-            tmp = os.path.join(run_dir, "tmp")
-            os.mkdir(tmp, 0o700)
-            log_path = os.path.join(self._runs_dir, f"{frame.id}.log")
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                if self._root:
-                    with run_uids.registry() as registry:
-                        uid = registry.claim()
-                        kill_uid(uid)  # a lingering process of a former holder must not share it
-                        proc = self._popen(frame, run_dir, lib, tmp, log_fd, uid)
-                        registry.record(uid, proc.pid, start_time(proc.pid))
-                else:
-                    uid = None
-                    proc = self._popen(frame, run_dir, lib, tmp, log_fd, uid)
-            finally:
-                os.close(log_fd)
+            if self._root:
+                with run_uids.registry() as registry:
+                    uid = registry.claim()
+                    kill_uid(uid)  # a lingering process of a former holder must not share it
+                    proc, relay = self._start(frame, run_dir, sock_dir, log_fd, uid)
+                    registry.record(uid, proc.pid, start_time(proc.pid))
+            else:
+                uid = None
+                proc, relay = self._start(frame, run_dir, sock_dir, log_fd, uid)
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
+        finally:
+            os.close(log_fd)
         record = {
             "run_id": frame.id,
             "pid": proc.pid,
             "start_time": start_time(proc.pid),
             "uid": uid,
             "run_dir": run_dir,
+            "cgroup": self._cgroup_name(uid),
+            "relay": _relay_identity(relay),
+            "target": list(_target(frame.control_plane_url)),
             "launched_at": time.time(),
         }
+        threading.Thread(target=relay.wait, name=f"relay-{frame.id}", daemon=True).start()
         return proc, record
 
-    def _popen(self, frame: protocol.LaunchRun, run_dir: str, lib: str, tmp: str, log_fd: int, uid: int | None):
-        if uid is not None:
-            for path in (run_dir, tmp):
-                os.chown(path, uid, uid)
-        os.chmod(run_dir, 0o700)
+    def _cgroup_name(self, uid: int | None) -> str:
+        return f"run-{uid}" if uid is not None and self.isolation.cgroups.enabled else ""
+
+    def _start(
+        self, frame: protocol.LaunchRun, run_dir: str, sock_dir: str, log_fd: int, uid: int | None
+    ) -> tuple[subprocess.Popen, subprocess.Popen]:
+        """Start the sandbox, then its relay; both detached."""
         limits = self.limits
+        joins: list[str] = []
+        cgroup = self._cgroup_name(uid)
+        if cgroup:
+            joins = self.isolation.cgroups.create(
+                cgroup, memory_bytes=limits.memory_mb * 1024 * 1024, max_processes=limits.max_processes
+            )
+        listener = _listen(os.path.join(sock_dir, SOCKET_NAME), uid)
+        fds: list[int] = []
+        try:
+            key_read, key_write = os.pipe()
+            fds.append(key_read)
+            # A key is far below a pipe's buffer: this never blocks.
+            os.write(key_write, frame.key.encode())
+            os.close(key_write)
+            status_fd = os.open(self._status_path(frame.id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fds.append(status_fd)
+            seccomp_fd = None
+            if self.isolation.sandboxed:
+                seccomp_fd = seccomp_policy.program_fd(self.isolation.seccomp)
+                fds.append(seccomp_fd)
+            env = {
+                "HOLDFAST_RUN_ID": frame.id,
+                "HOLDFAST_RUN_KEY_FD": str(key_read),
+                "HOLDFAST_CONTROL_PLANE_URL": frame.control_plane_url,
+                "HOLDFAST_CONTROL_PLANE_SOCKET": f"{SANDBOX_SOCK_DIR}/{SOCKET_NAME}",
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "PYTHONPATH": SANDBOX_LIB,
+                "HOME": sandbox.SCRATCH,
+                "TMPDIR": sandbox.SCRATCH,
+                "LANG": "C.UTF-8",
+                "PYTHONUNBUFFERED": "1",
+            }
+            command, args_fd = sandbox.hide_arguments(
+                self.isolation.command(
+                    uid=uid,
+                    code_fd=None,
+                    seccomp_fd=seccomp_fd,
+                    # -s: no user site; -B: the package is a read-only bind.
+                    command=[self.isolation.python, "-s", "-B", "-m", "runner"],
+                    scratch_bytes=limits.scratch_bytes,
+                    env=env,
+                    die_with_parent=False,  # detached: the run survives its host
+                    ro_binds=((RUNNER_SOURCE, f"{SANDBOX_LIB}/runner"), (sock_dir, SANDBOX_SOCK_DIR)),
+                    status_fd=status_fd,
+                )
+            )
+            if args_fd is not None:
+                fds.append(args_fd)
+            spec = {
+                "cgroups": joins,
+                "rlimits": {
+                    "cpu_s": limits.cpu_s,
+                    "as_bytes": limits.memory_mb * 1024 * 1024,
+                    "nproc": limits.max_processes,
+                    "fsize": limits.max_file_bytes,
+                    "nofile": limits.max_open_files,
+                    "core": 0,
+                },
+                "argv": command,
+            }
+            proc = subprocess.Popen(
+                [sys.executable, "-I", WRAPPER_PATH, json.dumps(spec)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                env={},
+                cwd="/",
+                # Detached: its own session, so the host's signals and exit do not reach it.
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=tuple(fds),
+            )
+            relay = self._start_relay(listener, frame.control_plane_url, proc.pid, uid, joins, log_fd)
+        finally:
+            listener.close()
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        return proc, relay
+
+    def _start_relay(
+        self, listener: socket.socket, url: str, sandbox_pid: int, uid: int | None, joins: list[str], log_fd: int
+    ) -> subprocess.Popen:
         spec = {
-            "cpu_s": limits.cpu_s,
-            "as_bytes": limits.memory_mb * 1024 * 1024,
-            "nproc": limits.max_processes,
-            "fsize": limits.max_file_bytes,
-            "nofile": limits.max_open_files,
+            "listen_fd": listener.fileno(),
+            "target": list(_target(url)),
+            "sandbox": [sandbox_pid, start_time(sandbox_pid)],
             "uid": uid,
-            "cwd": run_dir,
-            # -s: no user site; PYTHONPATH (the copied package) is how it finds the runner.
-            "argv": [self.isolation.python, "-s", "-m", "runner"],
-            "env_names": list(RUN_ENV_NAMES),
+            "cgroups": joins,
+            "max_connections": self.limits.relay_max_connections,
         }
-        # The key travels in the environment, never in argv (``ps`` shows argv to every
-        # user). The environment of a root-owned process is readable by root only.
-        env = {
-            "HOLDFAST_RUN_ID": frame.id,
-            "HOLDFAST_RUN_KEY": frame.key,
-            "HOLDFAST_CONTROL_PLANE_URL": frame.control_plane_url,
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "PYTHONPATH": lib,
-            "HOME": run_dir,
-            "TMPDIR": tmp,
-            "LANG": "C.UTF-8",
-            "PYTHONUNBUFFERED": "1",
-        }
-        prefix = [part.replace("{tmpdir}", run_dir) for part in self.isolation.for_runs()]
         return subprocess.Popen(
-            [*prefix, sys.executable, "-I", WRAPPER_PATH, json.dumps(spec)],
+            [sys.executable, "-I", RELAY_PATH, json.dumps(spec)],
             stdin=subprocess.DEVNULL,
             stdout=log_fd,
             stderr=log_fd,
-            env=env,
-            cwd=run_dir,
-            # Detached: its own session, so the host's signals and exit do not reach it.
+            env={},
+            cwd="/",
             start_new_session=True,
             close_fds=True,
+            pass_fds=(listener.fileno(),),
         )
+
+    def adopt(self) -> None:
+        """At start-up: give every live run of this state dir its way out again (a relay
+        that died with the machine's last host), and finish the records of runs that
+        ended while no host watched (their exit code, their uid, cgroup and files)."""
+        with self._locked():
+            for name in os.listdir(self._runs_dir):
+                if not name.endswith(".json"):
+                    continue
+                record = self._read(name[: -len(".json")])
+                if record is None or "exit_code" in record:
+                    continue
+                if self._alive(record):
+                    if record.get("relay") and not alive(*record["relay"]) and record.get("target"):
+                        self._restart_relay(record)
+                elif record.get("pid") is not None:
+                    record["exit_code"] = self._status_exit_code(record["run_id"])
+                    self._write(record["run_id"], record)
+                    self._cleanup(record)
+                    log("run_exited_unwatched", id=record["run_id"], exit_code=record["exit_code"])
+
+    def _restart_relay(self, record: dict) -> None:
+        sock_dir = os.path.join(record["run_dir"], "sock")
+        uid = record.get("uid")
+        listener = _listen(os.path.join(sock_dir, SOCKET_NAME), uid)
+        cgroup = record.get("cgroup") or ""
+        joins = (
+            [os.path.join(p, "cgroup.procs") for p in self.isolation.cgroups.paths(cgroup).values()] if cgroup else []
+        )
+        log_fd = os.open(os.path.join(self._runs_dir, f"{record['run_id']}.log"), os.O_WRONLY | os.O_APPEND)
+        try:
+            host, port = record["target"]
+            relay = self._start_relay(listener, f"http://{host}:{port}", record["pid"], uid, joins, log_fd)
+        finally:
+            listener.close()
+            os.close(log_fd)
+        threading.Thread(target=relay.wait, name=f"relay-{record['run_id']}", daemon=True).start()
+        record["relay"] = _relay_identity(relay)
+        self._write(record["run_id"], record)
+        log("run_relay_restarted", id=record["run_id"])
 
     def _reap(self, proc: subprocess.Popen, record: dict) -> None:
         """While this host lives it is the sandbox's parent: record its exit code."""
         code = proc.wait()
         with self._locked():
             current = self._read(record["run_id"]) or record
-            current["exit_code"] = code
+            status_code = self._status_exit_code(record["run_id"])
+            current["exit_code"] = status_code if status_code is not None else code
             current["finished_at"] = time.time()
             self._write(record["run_id"], current)
             self._cleanup(current)
-        log("run_exited", id=record["run_id"], exit_code=code)
+        log("run_exited", id=record["run_id"], exit_code=current["exit_code"])
+
+    def _status_path(self, run_id: str) -> str:
+        return os.path.join(self._runs_dir, f"{run_id}.status")
+
+    def _status_exit_code(self, run_id: str) -> int | None:
+        """The runner's exit code as bubblewrap wrote it when the sandbox ended, whoever
+        was its parent then; None if it never got that far (killed with its bwrap)."""
+        try:
+            with open(self._status_path(run_id)) as fh:
+                text = fh.read()
+        except OSError:
+            return None
+        code = None
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                document = json.loads(line)
+                if isinstance(document, dict) and isinstance(document.get("exit-code"), int):
+                    code = document["exit-code"]
+        return code
 
     def _cleanup(self, record: dict) -> None:
         uid = record.get("uid")
+        if record.get("cgroup"):
+            self.isolation.cgroups.remove(record["cgroup"])  # the relay included
+        if record.get("relay") and alive(*record["relay"]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record["relay"][0], signal.SIGKILL)
         if uid is not None:
             with run_uids.registry() as registry:
                 # Only while the claim is still this run's: once its process died another
@@ -331,3 +475,42 @@ class RunSandboxes:
                 record = self._read(name[: -len(".json")])
                 count += bool(record and self._alive(record))
         return count
+
+
+def _run_dir(state_dir: str, run_id: str) -> str:
+    """Where a run's relay socket lives. Not under the state dir: a Unix socket's path
+    must fit in 108 bytes, and a state dir may be long. Named by a digest of both, so two
+    hosts (two state dirs) never share one, and a restarted host finds it again."""
+    base = "/run/holdfast-relay" if os.geteuid() == 0 and os.path.isdir("/run") else None
+    if base is None:
+        base = os.path.join(tempfile.gettempdir(), f"holdfast-relay-{os.geteuid()}")
+    os.makedirs(base, mode=0o755, exist_ok=True)
+    digest = hashlib.sha256(f"{os.path.realpath(state_dir)}\0{run_id}".encode()).hexdigest()[:24]
+    return os.path.join(base, digest)
+
+
+def _target(url: str) -> tuple[str, int]:
+    """The one address a run's relay connects to: the control plane URL's host and port."""
+    parsed = urllib.parse.urlsplit(url)
+    return parsed.hostname or "127.0.0.1", parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+def _listen(path: str, uid: int | None) -> socket.socket:
+    """The relay's listening socket at ``path``, connectable by the run's uid only."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        if uid is not None:
+            os.chown(path, uid, uid)
+        os.chmod(path, 0o600)
+        listener.listen(64)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def _relay_identity(proc: subprocess.Popen) -> list:
+    return [proc.pid, start_time(proc.pid)]

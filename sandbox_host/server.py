@@ -59,6 +59,7 @@ class Host:
             draining=lambda: self.admission.draining,
             limits=RunLimits(max_runs=settings.max_runs),
         )
+        self.runs.adopt()
         self.drain_requested = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[Connection] = set()

@@ -106,6 +106,10 @@ def observe(worker: str, hosts: dict[str, dict], *, now: datetime | None = None)
         by_id[host_id] = _auto_register(host_id, worker, hosts[host_id]["urls"])
     seen_pks = [by_id[h].pk for h in held if h in by_id]
     SandboxHost.objects.filter(pk__in=seen_pks).update(last_seen_at=now)
+    for host_id in held:
+        level = hosts[host_id].get("isolation") or ""
+        if level and host_id in by_id and by_id[host_id].isolation != level:
+            SandboxHost.objects.filter(pk=by_id[host_id].pk).update(isolation=level)
     # The convention: a row entered by name learns its reported id on first sight.
     SandboxHost.objects.filter(pk__in=seen_pks, host_id="").exclude(name="").update(host_id=F("name"))
     for host_id in said_draining:

@@ -9,11 +9,28 @@ from controlplane.hosts.models import SandboxHost
 
 @admin.register(SandboxHost)
 class SandboxHostAdmin(admin.ModelAdmin):
-    list_display = ("name", "state", "drained_by", "host_id", "address", "last_seen_at", "drain_started_at")
+    list_display = (
+        "name",
+        "state",
+        "isolation",
+        "drained_by",
+        "host_id",
+        "address",
+        "last_seen_at",
+        "drain_started_at",
+    )
     list_filter = ("state", "drained_by")
     search_fields = ("name", "host_id", "address")
     # State changes go through the actions (compare-and-set, logged), not free editing.
-    readonly_fields = ("state", "drained_by", "host_id", "drain_started_at", "last_seen_at", "created_at")
+    readonly_fields = (
+        "state",
+        "isolation",
+        "drained_by",
+        "host_id",
+        "drain_started_at",
+        "last_seen_at",
+        "created_at",
+    )
     actions = ["drain_hosts", "mark_active"]
     change_list_template = "admin/hosts/sandboxhost/change_list.html"
 

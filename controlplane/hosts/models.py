@@ -47,6 +47,12 @@ class SandboxHost(models.Model):
     host_id = models.CharField(
         max_length=64, blank=True, default="", db_index=True, help_text="What the host reports in auth_ok."
     )
+    isolation = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        help_text="The containment level the host reported in auth_ok (docs/operations.md, Containment).",
+    )
     drain_started_at = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(
         null=True, blank=True, help_text="Last time a worker held a connection to this host."

@@ -11,7 +11,8 @@ A snapshot (JSON-safe dict)::
      "draining_applied": ["h1"],          # operator drains this pool has applied
      "hosts": {"h1": {"connections": 2, "retiring": 1, "oldest_age_s": 80.2,
                       "youngest_open_age_s": 3.1, "in_flight": 3, "finished_recent": 40,
-                      "retire_reasons": ["max age"], "urls": ["ws://..."]}}}
+                      "retire_reasons": ["max age"], "urls": ["ws://..."],
+                      "isolation": "bwrap"}}}
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def summarize(connections: Iterable[dict], finished_recent: dict[str, int]) -> d
                 "finished_recent": 0,
                 "retire_reasons": [],
                 "urls": [],
+                "isolation": "",
             },
         )
 
@@ -58,6 +60,7 @@ def summarize(connections: Iterable[dict], finished_recent: dict[str, int]) -> d
         if not host_id:
             continue
         item = entry(host_id)
+        item["isolation"] = conn.get("isolation") or item["isolation"]
         reason = conn.get("retire_reason") or ""
         if reason and reason not in item["retire_reasons"]:
             # Kept even for closed connections: an idle connection that got the host's

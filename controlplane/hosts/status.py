@@ -38,6 +38,7 @@ class HostView:
     registered: bool
     last_seen_at: str | None
     drain_started_at: str | None
+    isolation: str = ""
     last_seen_ago_s: float | None = None
     drain_elapsed_s: float | None = None
     connections: int = 0
@@ -83,6 +84,7 @@ def build(*, now: datetime | None = None) -> dict:
             registered=True,
             last_seen_at=_iso(row.last_seen_at),
             drain_started_at=_iso(row.drain_started_at),
+            isolation=row.isolation,
             last_seen_ago_s=_ago(now, row.last_seen_at),
             drain_elapsed_s=_ago(now, row.drain_started_at),
         )
@@ -116,6 +118,7 @@ def build(*, now: datetime | None = None) -> dict:
                     snapshot_age_s=round(max(0.0, wall - snap.get("published_at", wall)), 1),
                 )
             )
+            view.isolation = item.get("isolation") or view.isolation
             view.connections += item["connections"]
             view.retiring += item["retiring"]
             view.oldest_age_s = max(view.oldest_age_s, item["oldest_age_s"])

@@ -59,6 +59,7 @@ class WebSocketLaunchDriver:
     connect_timeout_s: float
     reply_timeout_s: float
     probe_timeout_s: float = 10.0
+    required_isolation: str = protocol.FULL_ISOLATION
 
     @classmethod
     def from_settings(cls) -> WebSocketLaunchDriver:
@@ -70,6 +71,7 @@ class WebSocketLaunchDriver:
             connect_timeout_s=settings.SANDBOX_CONNECT_TIMEOUT_S,
             reply_timeout_s=settings.RUNS_LAUNCH_REPLY_TIMEOUT_S,
             probe_timeout_s=settings.RECONCILE_PROBE_TIMEOUT_S,
+            required_isolation=settings.SANDBOX_REQUIRED_ISOLATION,
         )
 
     def launch(self, request: LaunchRequest) -> LaunchAck:
@@ -141,7 +143,7 @@ class WebSocketLaunchDriver:
         def dial(url: str) -> bool:
             """Probe the host behind ``url`` if it is wanted; True if it was reached."""
             try:
-                ws, auth_ok = self._connect(url)
+                ws, auth_ok = self._connect(url, any_isolation=True)
             except _TryElsewhere:
                 return False  # unreachable this tick: its host stays silent
             try:
@@ -219,8 +221,10 @@ class WebSocketLaunchDriver:
         finally:
             ws.close()
 
-    def _connect(self, url: str) -> tuple[websocket.WebSocket, protocol.AuthOk]:
-        """Connected and authenticated, or ``_TryElsewhere``: nothing about the run was sent."""
+    def _connect(self, url: str, *, any_isolation: bool = False) -> tuple[websocket.WebSocket, protocol.AuthOk]:
+        """Connected and authenticated, or ``_TryElsewhere``: nothing about the run was sent.
+        ``any_isolation``: a probe sends nothing secret and must see every host that may
+        hold runs, whatever its level (a run is never launched below the level anyway)."""
         try:
             # The library's UTF-8 check is pure Python (most of a 10,000-run probe's
             # time); a text frame is still decoded strictly by ``recv``, so a bad byte
@@ -237,6 +241,11 @@ class WebSocketLaunchDriver:
         if not isinstance(reply, protocol.AuthOk):
             ws.close()
             raise _TryElsewhere(f"auth refused: {getattr(reply, 'code', reply.type)}")
+        # A run's sandbox holds its key and job: never on a host below the required level.
+        refusal = protocol.isolation_refusal(reply.isolation, self.required_isolation)
+        if refusal and not any_isolation:
+            ws.close()
+            raise _TryElsewhere(f"host {reply.host_id}: {refusal}")
         return ws, reply
 
     def _await_answer(self, ws: websocket.WebSocket, host_id: str, run_id: str) -> LaunchAck:

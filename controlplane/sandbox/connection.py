@@ -73,6 +73,8 @@ class HostConnection:
         self.max_age_s = max_age_s
         self.limit = limit
         self.host_id = ""
+        # What the host said of its containment in auth_ok (protocol.ISOLATION_LEVELS).
+        self.isolation = ""
         self.state = OPEN
         self.retire_reason = ""
         self.opened_at = clock()
@@ -86,7 +88,9 @@ class HostConnection:
 
     # --- lifecycle -----------------------------------------------------------------
 
-    def connect(self, token: str, *, timeout_s: float, client: str) -> None:
+    def connect(
+        self, token: str, *, timeout_s: float, client: str, required_isolation: str = protocol.FULL_ISOLATION
+    ) -> None:
         try:
             ws = websocket.create_connection(self.url, timeout=timeout_s, enable_multithread=True)
         except Exception as exc:  # any failure to connect is a failed connect, nothing more
@@ -101,6 +105,19 @@ class HostConnection:
             ws.shutdown()
             detail = reply.message if isinstance(reply, protocol.Error) else reply.type
             raise ConnectFailed(f"authentication refused ({detail})")
+        # DESIGN.md (Containment): pools refuse hosts below the required level, before
+        # anything is sent to them.
+        refusal = protocol.isolation_refusal(reply.isolation, required_isolation)
+        if refusal:
+            ws.shutdown()
+            log.warning(
+                "event=host_refused host_id=%s isolation=%r required=%s",
+                reply.host_id,
+                reply.isolation,
+                required_isolation,
+            )
+            raise ConnectFailed(f"host {reply.host_id}: {refusal} (HOLDFAST_REQUIRED_ISOLATION)")
+        self.isolation = reply.isolation
         ws.settimeout(IO_TIMEOUT_S)
         self._ws = ws
         self.host_id = reply.host_id

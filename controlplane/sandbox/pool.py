@@ -62,6 +62,7 @@ class PoolConfig:
     connect_timeout_s: float
     max_moves: int
     result_grace_s: float
+    required_isolation: str = protocol.FULL_ISOLATION
 
     @classmethod
     def from_settings(cls) -> PoolConfig:
@@ -78,6 +79,7 @@ class PoolConfig:
             connect_timeout_s=settings.SANDBOX_CONNECT_TIMEOUT_S,
             max_moves=settings.SANDBOX_MAX_MOVES,
             result_grace_s=settings.SANDBOX_RESULT_GRACE_S,
+            required_isolation=settings.SANDBOX_REQUIRED_ISOLATION,
         )
 
     def urls(self) -> list[str]:
@@ -196,6 +198,7 @@ class SandboxPool:
         return [
             {
                 "host_id": c.host_id,
+                "isolation": c.isolation,
                 "url": c.url,
                 "state": c.state,
                 "retire_reason": c.retire_reason,
@@ -280,7 +283,12 @@ class SandboxPool:
                 continue
             conn = self._new_connection()
             try:
-                conn.connect(self.config.token, timeout_s=self.config.connect_timeout_s, client=self._client)
+                conn.connect(
+                    self.config.token,
+                    timeout_s=self.config.connect_timeout_s,
+                    client=self._client,
+                    required_isolation=self.config.required_isolation,
+                )
                 if conn.host_id in self._draining_ids or conn.state != OPEN:
                     # Behind a balancer the pool cannot choose the host; a drained or
                     # draining one is let go at once and the next attempt dials again.

@@ -13,7 +13,7 @@ import pytest
 from controlplane.sandbox import outcome as texts
 from controlplane.sandbox.outcome import ExecRequest
 from controlplane.sandbox.pool import PoolConfig, SandboxPool
-from tests.support.host import start_host
+from tests.support.host import share, start_host
 from tests.timing import scaled, wait_until
 
 BASE = PoolConfig(
@@ -157,7 +157,7 @@ def test_execution_dispatched_onto_a_closing_connection_completes_on_a_new_one(s
     """Interleaving fake: the connection closes between being chosen and being used,
     the window a max-age retirement or a host close can hit."""
     marker = shared_dir / "ran.txt"
-    with start_host(sandbox_token) as host:
+    with start_host(sandbox_token, extra_args=share(shared_dir)) as host:
         pool = SandboxPool(replace(BASE, url=host.url, token=sandbox_token))
         real_acquire = pool._acquire
         closed = []
@@ -182,7 +182,7 @@ def test_execution_dispatched_onto_a_closing_connection_completes_on_a_new_one(s
 def test_execution_whose_host_is_killed_mid_run_is_interrupted_and_not_rerun(sandbox_token, shared_dir):
     marker = shared_dir / "ran.txt"
     code = f"import time\nopen({str(marker)!r}, 'a').write('ran\\n')\ntime.sleep(30)\n"
-    with start_host(sandbox_token) as host:
+    with start_host(sandbox_token, extra_args=share(shared_dir)) as host:
         pool = SandboxPool(replace(BASE, url=host.url, token=sandbox_token, acquire_timeout_s=2.0))
         results = []
         runner = threading.Thread(target=lambda: results.append(pool.run(request(code, timeout_s=60))))
@@ -227,7 +227,11 @@ def test_work_a_draining_host_refuses_moves_to_another_host(sandbox_token, share
     from controlplane.sandbox.balancer import TcpBalancer
 
     marker = shared_dir / "ran.txt"
-    with start_host(sandbox_token, host_id="old") as old, start_host(sandbox_token, host_id="new") as new:
+    shared = share(shared_dir)
+    with (
+        start_host(sandbox_token, host_id="old", extra_args=shared) as old,
+        start_host(sandbox_token, host_id="new", extra_args=shared) as new,
+    ):
         with TcpBalancer() as balancer:
             balancer.add_target("old", ("127.0.0.1", old.port))
             url = f"ws://127.0.0.1:{balancer.address[1]}"
@@ -264,3 +268,26 @@ def test_idle_connection_closes_at_max_age(sandbox_token):
             wait_until(lambda: pool.snapshot() == [] or pool.snapshot()[0]["state"] == "closed", timeout=5)
         finally:
             pool.close()
+
+
+def test_a_host_below_the_required_isolation_gets_nothing(sandbox_token, tmp_path):
+    """DESIGN.md (Containment): pools refuse hosts below the required level. A host that
+    was explicitly started without a sandbox is refused before anything is sent to it,
+    with the reason in the error; a pool told to accept that level uses it."""
+    marker = tmp_path / "ran.txt"
+    code = f"open({str(marker)!r}, 'a').write('ran')"
+    with start_host(sandbox_token, extra_args=("--isolation", "insecure-rlimits")) as host:
+        strict = SandboxPool(replace(BASE, url=host.url, token=sandbox_token, acquire_timeout_s=0.5))
+        try:
+            refused = strict.run(request(code))
+        finally:
+            strict.close()
+        assert refused.status == "failed" and not refused.sent
+        assert "isolation is insecure-rlimits, below the required bwrap" in refused.error
+        assert not marker.exists()
+        lenient = SandboxPool(replace(BASE, url=host.url, token=sandbox_token, required_isolation="insecure-rlimits"))
+        try:
+            assert lenient.run(request("print('ok')")).stdout == "ok\n"
+            assert [c["isolation"] for c in lenient.snapshot()] == ["insecure-rlimits"]
+        finally:
+            lenient.close()

@@ -28,9 +28,11 @@ def _clean_cache():
     cache.delete(snapshots.INDEX_KEY)
 
 
-def conn(host_id: str, *, state: str = "open", age: float = 10.0, in_flight: int = 0, reason: str = "") -> dict:
+def conn(
+    host_id: str, *, state: str = "open", age: float = 10.0, in_flight: int = 0, reason: str = "", isolation="bwrap"
+) -> dict:
     return {"host_id": host_id, "url": "ws://lb", "state": state, "retire_reason": reason, "age_s": age,
-            "max_age_s": 120.0, "in_flight": in_flight, "finished": 0}  # fmt: skip
+            "max_age_s": 120.0, "in_flight": in_flight, "finished": 0, "isolation": isolation}  # fmt: skip
 
 
 def publish(worker: str, conns: list[dict], *, finished=None, interval: float = 2.0, applied=()) -> dict:
@@ -177,3 +179,16 @@ def test_the_page_shows_live_runs_per_host_and_a_host_silent_to_reconcile_probes
     assert quiet["live_runs"] == 1 and quiet["registered"] is False and quiet["probe_silent_since"] is not None
     assert 'data-field="live_runs"' in data["html"] and "silent for" in data["html"]
     cache.delete(probe_log.KEY)
+
+
+def test_the_page_and_the_admin_show_each_hosts_isolation(client):
+    staff(client)
+    publish("w1 pid=1", [conn("h1"), conn("h2", isolation="insecure-shared-uid")])
+    data = client.get(URL + "?format=json").json()
+    assert {h["name"]: h["isolation"] for h in data["hosts"]} == {"h1": "bwrap", "h2": "insecure-shared-uid"}
+    assert 'data-field="isolation" class="hf-warn">insecure-shared-uid' in data["html"]
+    # The worker's publish records it on the host's row, which the admin lists.
+    actions.observe("w1 pid=1", snapshots.summarize([conn("h1"), conn("h2", isolation="insecure-shared-uid")], {}))
+    assert dict(SandboxHost.objects.values_list("name", "isolation")) == {"h1": "bwrap", "h2": "insecure-shared-uid"}
+    client.force_login(User.objects.create_superuser("admin", password="pw"))
+    assert "insecure-shared-uid" in client.get("/admin/hosts/sandboxhost/").content.decode()

@@ -60,6 +60,22 @@ def test_an_unreachable_address_is_skipped_for_the_next(state_dir):
         _driver(dead).launch(_request())
 
 
+def test_a_host_below_the_required_isolation_launches_nothing(state_dir):
+    """A run's sandbox holds its key and its job: a host started without the full
+    containment is passed over, and with no other host the launch is unavailable."""
+    args = ("--state-dir", str(state_dir), "--isolation", "insecure-rlimits")
+    with (
+        start_host(TOKEN, extra_args=args) as weak,
+        start_host(TOKEN, extra_args=("--state-dir", str(state_dir / "s2"))) as full,
+    ):
+        for _ in range(3):  # the first address is random: each order must land on the full host
+            assert _driver(weak.url, full.url).launch(_request()).host_id == full.host_id
+        with pytest.raises(LaunchUnavailable, match="below the required bwrap"):
+            _driver(weak.url).launch(_request())
+    assert "event=run_launched " not in weak.log()
+    stop_runs(state_dir / "s2")
+
+
 def test_a_draining_host_starts_nothing_and_the_launch_is_unavailable(state_dir):
     with start_host(TOKEN, extra_args=("--state-dir", str(state_dir), "--drain-grace-s", "30")) as host:
         ws = connect(host.url, TOKEN, timeout=scaled(30))
@@ -79,11 +95,13 @@ def test_a_draining_host_starts_nothing_and_the_launch_is_unavailable(state_dir)
 def old_host() -> Iterator[str]:
     """A FAKE host of a release without runs, named as such: it authenticates anyone and
     answers every frame type it does not know (launch_run) with unknown_type, as the
-    real host of that release does."""
+    real host of that release does. It reports the full isolation, so what is tested here
+    is the unknown_type path (a host reporting no level is refused before that: see
+    test_a_host_below_the_required_isolation_launches_nothing)."""
 
     def handler(ws) -> None:
         ws.recv()
-        ws.send(protocol.encode(protocol.AuthOk(host_id="old-host")))
+        ws.send(protocol.encode(protocol.AuthOk(host_id="old-host", isolation=protocol.FULL_ISOLATION)))
         for message in ws:
             kind = json.loads(message)["type"]
             ws.send(protocol.encode(protocol.Error(code="unknown_type", message=f"unknown frame type {kind!r}")))

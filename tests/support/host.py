@@ -133,6 +133,12 @@ def start_host(
         host.stop()
 
 
+def share(directory) -> tuple[str, ...]:
+    """Host arguments that bind ``directory`` read-write into every sandbox, so a test can
+    count how often a snippet really ran. Test harnesses only: it breaks containment."""
+    return ("--insecure-shared-dir", str(directory))
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (read from /proc), deepest last."""
     children: dict[int, list[int]] = {}

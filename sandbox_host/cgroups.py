@@ -1,0 +1,196 @@
+"""Per-sandbox control groups: memory (tmpfs pages included) and process count bounded
+for a sandbox *as a whole*, where rlimits only bound each process.
+
+DESIGN.md (Containment): "bounds on memory, processes and time for the execution as a
+whole (cgroups where offered, rlimits as the floor)". Each sandbox gets one group per
+controller, named after the uid it runs under (``exec-61003``, ``run-200001``): those
+uids are unique on the machine while the sandbox lives (``uids``, ``run_uids``), so the
+names are too. Groups are made below the host's own group, so a host that is itself
+limited (a systemd unit, a container) keeps its children inside its own budget.
+
+Both hierarchies are handled: cgroup v2 (one tree, ``memory.max`` and ``pids.max``,
+production hosts) and cgroup v1 (a tree per controller, ``memory.limit_in_bytes`` and
+``pids.max``). Only root can make groups; a host that cannot says so at start-up and
+keeps the rlimits floor.
+
+A sandbox joins its groups from the exec wrapper, before bubblewrap starts: the wrapper
+writes its own pid into each ``cgroup.procs`` and everything it then starts is born
+inside (``exec_wrapper.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+ROOT = "/sys/fs/cgroup"
+CONTROLLERS = ("memory", "pids")
+
+
+@dataclass(frozen=True)
+class Cgroups:
+    """Where this host makes groups: ``{controller: parent dir}``; empty when it cannot."""
+
+    version: str  # "v2", "v1" or "" (none)
+    parents: dict[str, str]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.parents)
+
+    def bounds(self) -> dict[str, str]:
+        """What bounds memory and processes of a sandbox as a whole, for the start-up
+        log and ``auth_ok``."""
+        source = f"cgroup-{self.version}" if self.enabled else "rlimit"
+        return {"memory": source, "processes": source}
+
+    def paths(self, name: str) -> dict[str, str]:
+        if self.version == "v2":
+            return {"unified": os.path.join(self.parents["unified"], name)}
+        return {controller: os.path.join(parent, name) for controller, parent in self.parents.items()}
+
+    def create(self, name: str, *, memory_bytes: int, max_processes: int) -> list[str]:
+        """Make (or reset) the groups for ``name`` and return the ``cgroup.procs`` files
+        the sandbox must join. Raises OSError if the kernel refuses."""
+        if not self.enabled:
+            return []
+        self.remove(name)  # a leftover of the same name belongs to a dead sandbox
+        joins = []
+        for controller, path in self.paths(name).items():
+            os.mkdir(path, 0o755)
+            if self.version == "v2":
+                _write(path, "memory.max", str(memory_bytes))
+                _write(path, "memory.swap.max", "0", optional=True)
+                _write(path, "pids.max", str(max_processes))
+            elif controller == "memory":
+                _write(path, "memory.limit_in_bytes", str(memory_bytes))
+                # With swap accounting, swap counts too: a sandbox must not page its way out.
+                _write(path, "memory.memsw.limit_in_bytes", str(memory_bytes), optional=True)
+            else:
+                _write(path, "pids.max", str(max_processes))
+            joins.append(os.path.join(path, "cgroup.procs"))
+        return joins
+
+    def members(self, name: str) -> list[int]:
+        found: set[int] = set()
+        for path in self.paths(name).values():
+            with contextlib.suppress(OSError):
+                with open(os.path.join(path, "cgroup.procs")) as fh:
+                    found.update(int(line) for line in fh if line.strip())
+        return sorted(found)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL every process in the groups, until none is left (a fork bomb forks
+        while we read the list)."""
+        if not self.enabled:
+            return
+        if self.version == "v2":
+            path = self.paths(name)["unified"]
+            with contextlib.suppress(OSError):
+                _write(path, "cgroup.kill", "1")  # atomic, kernel 5.14+
+        for _ in range(50):
+            pids = self.members(name)
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+
+    def remove(self, name: str) -> None:
+        """Kill what is left in the groups and remove them. Never raises."""
+        if not self.enabled:
+            return
+        self.kill(name)
+        for path in self.paths(name).values():
+            for _ in range(100):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)  # dying processes still hold it for a moment
+
+    def sweep(self, prefix: str, keep: set[str] = frozenset()) -> list[str]:
+        """Remove groups named ``prefix...`` left by an earlier incarnation (a SIGKILLed
+        host), except those in ``keep``. Returns the names removed."""
+        removed = []
+        for parent in self.parents.values():
+            with contextlib.suppress(OSError):
+                for name in os.listdir(parent):
+                    if name.startswith(prefix) and name not in keep and name not in removed:
+                        self.remove(name)
+                        removed.append(name)
+        return removed
+
+
+def _write(path: str, name: str, value: str, *, optional: bool = False) -> None:
+    try:
+        with open(os.path.join(path, name), "w") as fh:
+            fh.write(value)
+    except FileNotFoundError:
+        if not optional:
+            raise
+
+
+def _own_group(controller: str | None) -> str | None:
+    """This process's group in ``controller``'s hierarchy (``None``: v2's), from
+    /proc/self/cgroup."""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/cgroup") as fh:
+            for line in fh:
+                _, names, path = line.rstrip("\n").split(":", 2)
+                if controller is None and names == "":
+                    return path
+                if controller is not None and controller in names.split(","):
+                    return path
+    return None
+
+
+def detect() -> tuple[Cgroups, str]:
+    """The groups this host can make, and why not when it cannot (for the log). A
+    real group is made and removed to prove it."""
+    if os.geteuid() != 0:
+        return Cgroups("", {}), "the host is not root"
+    candidates: list[tuple[str, dict[str, str]]] = []
+    if os.path.exists(os.path.join(ROOT, "cgroup.controllers")):  # a pure v2 mount
+        own = _own_group(None) or "/"
+        candidates.append(("v2", {"unified": _v2_parent(own)}))
+    v1 = {}
+    for controller in CONTROLLERS:
+        mount = os.path.join(ROOT, controller)
+        own = _own_group(controller)
+        if own is not None and os.path.isdir(mount):
+            v1[controller] = os.path.normpath(mount + own)
+    if len(v1) == len(CONTROLLERS):
+        candidates.append(("v1", v1))
+    reasons = []
+    for version, parents in candidates:
+        groups = Cgroups(version, parents)
+        name = f"holdfast-probe-{os.getpid()}"
+        try:
+            groups.create(name, memory_bytes=64 * 1024 * 1024, max_processes=8)
+        except OSError as exc:
+            reasons.append(f"{version}: {exc.strerror or exc}")
+            continue
+        finally:
+            groups.remove(name)
+        return groups, ""
+    return Cgroups("", {}), "; ".join(reasons) or "no memory and pids controllers are mounted"
+
+
+def _v2_parent(own: str) -> str:
+    """v2 forbids processes in a group whose children have controllers ("no internal
+    processes"), so sandboxes go in a sibling tree, ``holdfast`` under the root, with
+    the controllers enabled on the way down."""
+    del own
+    parent = os.path.join(ROOT, "holdfast")
+    os.makedirs(parent, exist_ok=True)
+    for directory in (ROOT, parent):
+        with contextlib.suppress(OSError):
+            _write(directory, "cgroup.subtree_control", "+memory +pids")
+    return parent

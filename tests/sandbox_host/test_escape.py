@@ -1,0 +1,565 @@
+"""The escape suite: hostile snippets and jobs against a real host with its default
+containment (issue 7). Each test is one thing an attacker tries first; each was red on
+the host before the bubblewrap sandbox (``unshare`` isolation, a shared filesystem, no
+seccomp). An auditor runs exactly this file:
+
+    python3 dev.py test tests/sandbox_host/test_escape.py
+
+Executions: Unix sockets anywhere on the filesystem; loopback TCP to PostgreSQL and
+Redis; reading and writing the project checkout and /root; files left in /tmp,
+/var/tmp, /dev/shm or HOME for the next execution; a concurrent neighbour's files and
+processes; the host's processes; user namespaces, ptrace, mount; no_new_privs, seccomp
+and capabilities as /proc/self/status shows them; filling the scratch space across many
+files; a fork bomb. Hosts: one started without bubblewrap refuses to start; a non-root
+host refuses unless told, and then its child cannot write the host user's files.
+Runs: the job reaches neither Redis nor PostgreSQL, has no route off the sandbox, does
+reach the runner API through its relay, and cannot read the runner's key.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sandbox_host import protocol
+from sandbox_host.sandbox import base_interpreter
+from tests.integration.support import stop_runs
+from tests.runner.servers import Reply, scripted_server
+from tests.support.host import ROOT, connect, execute, new_id, recv_frame, send_frame, start_host
+from tests.timing import scaled, wait_until
+
+from .conftest import TOKEN
+from .test_runs import KEY, ControlPlane
+
+POSTGRES_SOCKET = "/run/postgresql/.s.PGSQL.5432"
+
+
+def run(host, code: str, **kwargs) -> protocol.Result:
+    ws = connect(host.url, TOKEN, timeout=scaled(30))
+    try:
+        result = execute(ws, textwrap.dedent(code), **kwargs)
+    finally:
+        ws.close()
+    assert isinstance(result, protocol.Result), result
+    return result
+
+
+def lines(result: protocol.Result) -> list[str]:
+    assert result.status == "succeeded", result.stderr
+    return result.stdout.splitlines()
+
+
+# --- sockets -------------------------------------------------------------------------
+
+
+def test_no_unix_socket_of_the_machine_is_reachable(host, tmp_path):
+    # A socket of our own on the host's /tmp, and PostgreSQL's (which once answered as
+    # superuser): the snippet looks for every socket it can find and connects to each.
+    ours = socket.socket(socket.AF_UNIX)
+    path = f"/tmp/holdfast-escape-{uuid.uuid4().hex[:8]}.sock"
+    ours.bind(path)
+    ours.listen(1)
+    try:
+        result = run(
+            host,
+            f"""
+            import os, socket, stat
+            found = []
+            for top in ("/", "/run", "/var/run", "/tmp", "/var/lib", "/dev"):
+                for root, dirs, files in os.walk(top):
+                    if root.startswith("/proc"):
+                        dirs[:] = []
+                        continue
+                    for name in files + dirs:
+                        p = os.path.join(root, name)
+                        try:
+                            if stat.S_ISSOCK(os.lstat(p).st_mode):
+                                found.append(p)
+                        except OSError:
+                            pass
+            print("sockets", sorted(set(found)))
+            for target in sorted(set(found)) + [{POSTGRES_SOCKET!r}, {path!r}, "/run/mysqld/mysqld.sock"]:
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect(target)
+                    print("CONNECTED", target)
+                except OSError as exc:
+                    print("refused", target, exc.__class__.__name__)
+            """,
+        )
+    finally:
+        ours.close()
+        os.unlink(path)
+    out = lines(result)
+    assert out[0] == "sockets []"
+    assert not any(line.startswith("CONNECTED") for line in out), out
+    assert f"refused {POSTGRES_SOCKET} FileNotFoundError" in out
+
+
+@pytest.mark.parametrize("port", [5432, 6379], ids=["postgresql", "redis"])
+def test_loopback_services_are_unreachable(host, port):
+    # The test itself reaches the service: the refusal is the sandbox's doing.
+    socket.create_connection(("127.0.0.1", port), timeout=scaled(5)).close()
+    result = run(
+        host,
+        f"""
+        import socket
+        for address in ("127.0.0.1", "localhost", "::1"):
+            try:
+                socket.create_connection((address, {port}), timeout=2)
+                print("CONNECTED", address)
+            except OSError as exc:
+                print("refused", address, exc.__class__.__name__)
+        print("interfaces", sorted(name for _, name in socket.if_nameindex()))
+        """,
+    )
+    out = lines(result)
+    assert not any(line.startswith("CONNECTED") for line in out), out
+    assert out[-1] == "interfaces ['lo']"
+
+
+# --- the host's files ----------------------------------------------------------------
+
+
+def test_the_checkout_and_root_are_neither_readable_nor_writable(host):
+    sentinel = Path("/root") / f"holdfast-escape-{uuid.uuid4().hex[:8]}"
+    sentinel.write_text("host secret")
+    checkout_file = ROOT / "README.md"
+    assert checkout_file.exists()
+    try:
+        result = run(
+            host,
+            f"""
+            import os
+            for path in ({str(checkout_file)!r}, {str(ROOT / "sandbox_host" / "exec_wrapper.py")!r},
+                         {str(sentinel)!r}, "/root/.bashrc", "/etc/passwd", "/etc/shadow",
+                         "/var/lib/postgresql", "/home"):
+                try:
+                    with open(path) as fh:
+                        print("READ", path, fh.read(20))
+                except OSError as exc:
+                    print("unreadable", path, exc.__class__.__name__)
+            for path in ({str(ROOT / "sandbox_host" / "exec_wrapper.py")!r}, {str(sentinel)!r},
+                         "/root/x", "/usr/lib/x", "/etc/x", "/x"):
+                try:
+                    with open(path, "w") as fh:
+                        fh.write("owned")
+                    print("WROTE", path)
+                except OSError as exc:
+                    print("unwritable", path, exc.__class__.__name__)
+            print("root holds", sorted(os.listdir("/")))
+            """,
+        )
+        assert sentinel.read_text() == "host secret"
+    finally:
+        sentinel.unlink()
+    out = lines(result)
+    assert not any(line.startswith(("READ", "WROTE")) for line in out), out
+    assert (
+        out[-1]
+        == "root holds ['bin', 'dev', 'etc', 'holdfast', 'lib', 'lib64', 'proc', 'root', 'sbin', 'tmp', 'usr', 'var']"
+    )
+
+
+@pytest.mark.parametrize("place", ["/tmp", "/var/tmp", "/dev/shm", "HOME", "."])
+def test_nothing_is_left_for_the_next_execution(host, place):
+    where = "os.environ.get('HOME', '/tmp')" if place == "HOME" else repr(place)
+    name = f"left-{uuid.uuid4().hex[:8]}"
+    first = run(host, f"import os\nopen(os.path.join({where}, {name!r}), 'w').write('x')\nprint('left')")
+    assert lines(first) == ["left"]
+    second = run(host, f"import os\nprint(os.path.exists(os.path.join({where}, {name!r})), os.listdir({where}))")
+    assert lines(second) == ["False []"]
+
+
+def test_a_concurrent_neighbour_is_invisible(host):
+    marker = f"neighbour-{uuid.uuid4().hex[:8]}"
+    ws = connect(host.url, TOKEN, timeout=scaled(30))
+    try:
+        sleeper = new_id()
+        code = f"import time\nopen('/tmp/{marker}', 'w').write('x')\nprint('{marker}', flush=True)\ntime.sleep(30)"
+        send_frame(ws, protocol.Execute(id=sleeper, code=code, timeout_ms=60_000, memory_mb=128))
+        assert recv_frame(ws) == protocol.Started(id=sleeper)
+        wait_until(lambda: _cgroup_or_uid_running(marker), timeout=10, what="the neighbour to start")
+        probe = run(
+            host,
+            f"""
+            import os
+            hits = []
+            for top in ("/", "/proc"):
+                for root, dirs, files in os.walk(top):
+                    if "{marker}" in files:
+                        hits.append(root)
+                    if root.count("/") > 4:
+                        dirs[:] = []
+            print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+            print("hits", hits)
+            """,
+        )
+        send_frame(ws, protocol.Cancel(id=sleeper))
+    finally:
+        ws.close()
+    out = lines(probe)
+    assert out[1] == "hits []"
+    # Its own PID namespace: bubblewrap's init and the snippet, nothing of the host's.
+    assert len(eval(out[0].removeprefix("pids "))) <= 3  # noqa: S307 - our own repr of a list of ints
+
+
+def _cgroup_or_uid_running(marker: str) -> bool:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"/holdfast/main.py" in fh.read():
+                    return True
+    return False
+
+
+def test_the_host_processes_are_out_of_reach(host):
+    result = run(
+        host,
+        f"""
+        import os, signal
+        try:
+            os.kill({host.pid}, signal.SIGKILL)
+            print("KILLED")
+        except OSError as exc:
+            print("kill", exc.__class__.__name__)
+        print("visible", sorted(p for p in os.listdir("/proc") if p.isdigit()))
+        print("host visible", os.path.exists("/proc/{host.pid}/cmdline") and {host.pid} > 3)
+        """,
+    )
+    out = lines(result)
+    assert out[0] in ("kill ProcessLookupError", "kill PermissionError")
+    assert out[2] == "host visible False"
+    assert host.popen.poll() is None
+
+
+# --- the kernel ----------------------------------------------------------------------
+
+
+def test_namespaces_ptrace_and_mount_are_refused(host):
+    result = run(
+        host,
+        """
+        import ctypes, errno, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        def call(name, *args):
+            rc = getattr(libc, name)(*args)
+            print(name, "OK" if rc == 0 else errno.errorcode.get(ctypes.get_errno()))
+        call("unshare", 0x10000000)                 # CLONE_NEWUSER
+        call("unshare", 0x00020000)                 # CLONE_NEWNS
+        call("ptrace", 16, 1, 0, 0)                 # PTRACE_ATTACH to pid 1
+        call("mount", b"none", b"/tmp", b"tmpfs", 0, None)
+        call("chroot", b"/tmp")
+        """,
+    )
+    out = lines(result)
+    assert out[:5] == ["unshare EPERM", "unshare EPERM", "ptrace EPERM", "mount EPERM", "chroot EPERM"]
+
+
+def test_no_new_privs_seccomp_and_no_capabilities(host):
+    result = run(
+        host,
+        """
+        for line in open("/proc/self/status"):
+            key = line.split(":")[0]
+            if key in ("Uid", "NoNewPrivs", "Seccomp", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                print(key, line.split(":", 1)[1].split()[0])
+        """,
+    )
+    status = dict(line.split() for line in lines(result))
+    assert status["NoNewPrivs"] == "1"
+    assert status["Seccomp"] == "2"  # a filter is loaded
+    assert all(int(status[cap], 16) == 0 for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
+    assert int(status["Uid"]) >= 61000  # the slot's own unprivileged uid
+
+
+# --- resources -----------------------------------------------------------------------
+
+
+def test_the_scratch_space_is_capped_as_a_whole(host):
+    # Many files across every writable place: the total stops at the cap (64 MiB), not
+    # at a per-file limit times the number of files.
+    result = run(
+        host,
+        """
+        import os
+        total, chunk = 0, b"x" * (1024 * 1024)
+        for i, place in enumerate(("/tmp", "/var/tmp", "/dev/shm", os.environ.get("HOME", "/tmp"))):
+            for n in range(40):
+                try:
+                    with open(os.path.join(place, f"fill-{i}-{n}"), "wb") as fh:
+                        for _ in range(8):
+                            fh.write(chunk)
+                            fh.flush()
+                            total += len(chunk)
+                except OSError as exc:
+                    break
+        print("wrote", total // (1024 * 1024))
+        """,
+        memory_mb=512,
+        timeout_ms=30_000,
+    )
+    written = int(lines(result)[0].split()[1])
+    assert 32 <= written <= 64, written
+
+
+def test_a_fork_bomb_stops_at_the_process_cap(host):
+    result = run(
+        host,
+        """
+        import os
+        children = 0
+        try:
+            for _ in range(500):
+                if os.fork() == 0:
+                    import time; time.sleep(5); os._exit(0)
+                children += 1
+        except OSError as exc:
+            print("stopped", children, exc.__class__.__name__)
+        """,
+        timeout_ms=20_000,
+    )
+    words = lines(result)[0].split()
+    assert words[0] == "stopped" and int(words[1]) < 64
+
+
+# --- hosts that cannot build it ------------------------------------------------------
+
+
+def test_a_host_without_bubblewrap_refuses_to_start(tmp_path):
+    # A PATH with everything the host needs but bubblewrap.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("setpriv",):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    env = {**os.environ, "PATH": str(bin_dir), "HOLDFAST_SANDBOX_TOKEN": TOKEN}
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox_host", "--listen", "127.0.0.1:0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
+    )
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("holdfast-host: refusing to start:") and "apt-get install bubblewrap" in last
+
+
+def _as_nobody(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """The host as an unprivileged user, on the system's interpreter (our venv's lies
+    under /root, out of that user's reach) with our packages on its path."""
+    site = next(Path(ROOT, ".venv", "lib").glob("python3*/site-packages"))
+    command = [
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "/usr/bin/python3",
+        "-m",
+        "sandbox_host",
+    ]
+    env = {**env, "PYTHONPATH": f"{ROOT}:{site}", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [*command, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+needs_system_python = pytest.mark.skipif(
+    not os.path.exists("/usr/bin/python3"), reason="the non-root host runs on the system's /usr/bin/python3"
+)
+
+
+@needs_system_python
+def test_a_non_root_host_refuses_unless_told(tmp_path):
+    proc = _as_nobody(
+        "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "s"), env={"HOLDFAST_SANDBOX_TOKEN": TOKEN}
+    )
+    try:
+        _, err = proc.communicate(timeout=scaled(60))
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err
+    assert "not root" in err.strip().splitlines()[-1] and "insecure-shared-uid" in err
+
+
+@needs_system_python
+def test_a_non_root_hosts_child_cannot_write_the_host_users_files(tmp_path):
+    nobody = pwd.getpwnam("nobody")
+    home = Path(f"/tmp/holdfast-nobody-{uuid.uuid4().hex[:8]}")
+    home.mkdir()
+    target = home / "owned-by-the-host-user"
+    target.write_text("intact")
+    for path in (home, target):
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    state = home / "state"
+    proc = _as_nobody(
+        "--listen",
+        "127.0.0.1:0",
+        "--isolation",
+        "insecure-shared-uid",
+        "--state-dir",
+        str(state),
+        env={"HOLDFAST_SANDBOX_TOKEN": TOKEN},
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("holdfast-host listening ws://"), proc.stderr.read() if not line else line
+        url = line.split()[2]
+        ws = connect(url, TOKEN, timeout=scaled(30))
+        try:
+            result = execute(
+                ws,
+                textwrap.dedent(
+                    f"""
+                    import os
+                    print("uid", os.getuid())
+                    for path in ({str(target)!r}, {str(home / "new")!r}):
+                        try:
+                            open(path, "w").write("owned")
+                            print("WROTE", path)
+                        except OSError as exc:
+                            print("unwritable", exc.__class__.__name__)
+                    """
+                ),
+            )
+        finally:
+            ws.close()
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=scaled(20))
+        proc.kill()
+    out = lines(result)
+    assert out[0] == "uid 1000"
+    assert not any(line.startswith("WROTE") for line in out), out
+    assert target.read_text() == "intact" and not (home / "new").exists()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+# --- runs ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def state_dir(tmp_path):
+    yield tmp_path
+    stop_runs(tmp_path)
+
+
+class Probing(ControlPlane):
+    """The runner API for one job, which also answers the job's own request to it."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__(command)
+        self.probes: list[str] = []
+
+    def __call__(self, request):
+        if request.path.endswith("/escape-probe"):
+            self.probes.append(request.path)
+            return Reply(200, {"reached": True})
+        return super().__call__(request)
+
+
+JOB = r"""
+import http.client, json, os, socket
+def tcp(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+        return "CONNECTED"
+    except OSError as exc:
+        return exc.__class__.__name__
+print("redis", tcp(6379))
+print("postgresql", tcp(5432))
+routes = [l.split()[:2] for l in open("/proc/net/route").read().splitlines()[1:]]
+routes6 = [l.split()[-1] for l in open("/proc/net/ipv6_route").read().splitlines()]
+print("routes", routes, "routes6", sorted(set(routes6)))
+print("interfaces", sorted(n for _, n in socket.if_nameindex()))
+import errno
+for address in ("10.0.0.1", "169.254.169.254", "192.168.0.1", "8.8.8.8"):
+    s = socket.socket()
+    s.setblocking(False)
+    print("route", address, errno.errorcode.get(s.connect_ex((address, 80))))
+conn = http.client.HTTPConnection("control-plane")
+conn.sock = socket.socket(socket.AF_UNIX)
+conn.sock.connect(os.environ.get("HOLDFAST_CONTROL_PLANE_SOCKET", "/holdfast/sock/api.sock"))
+conn.request("GET", "/escape-probe")
+print("api", conn.getresponse().status)
+"""
+
+
+def python_job(code: str) -> str:
+    """A shell command that runs ``code`` on the interpreter the sandbox binds."""
+    encoded = base64.b64encode(code.encode()).decode()
+    return f"{base_interpreter()[0]} -c \"import base64; exec(base64.b64decode('{encoded}'))\""
+
+
+def test_a_runs_job_reaches_the_runner_api_and_nothing_else(state_dir):
+    plane = Probing(python_job(JOB))
+    with scripted_server(plane) as cp, start_host(TOKEN, extra_args=("--state-dir", str(state_dir))) as host:
+        ws = connect(host.url, TOKEN)
+        run_id = str(uuid.uuid4())
+        send_frame(ws, protocol.LaunchRun(id=run_id, key=KEY, control_plane_url=cp.url))
+        assert recv_frame(ws) == protocol.RunLaunched(id=run_id, already=False)
+        wait_until(lambda: plane.results, timeout=30, what="the run's result")
+        ws.close()
+    out = {line.split()[0] + (" " + line.split()[1] if line.startswith("route ") else ""): line for line in plane.lines}
+    assert out["redis"] == "redis ConnectionRefusedError", plane.lines
+    assert out["postgresql"] == "postgresql ConnectionRefusedError"
+    # No route but loopback: no default route, no link-local, no private range.
+    assert out["routes"] == "routes [] routes6 ['lo']" or out["routes"].startswith("routes [] routes6"), out["routes"]
+    assert out["interfaces"] == "interfaces ['lo']"
+    for address in ("10.0.0.1", "169.254.169.254", "192.168.0.1", "8.8.8.8"):
+        assert out[f"route {address}"] == f"route {address} ENETUNREACH"
+    assert out["api"] == "api 200" and plane.probes == ["/escape-probe"]
+
+
+def test_a_runs_job_cannot_read_the_runners_key(state_dir):
+    command = (
+        "env; for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>&1; echo; done; "
+        "for p in /proc/[0-9]*; do head -c 64 $p/mem 2>&1 | head -c 200; echo; ls -l $p/fd 2>&1 | head -20; done; "
+        "grep -r . /holdfast /tmp 2>/dev/null | head -50; ls -la /holdfast /holdfast/sock"
+    )
+    plane = ControlPlane(command)
+    with scripted_server(plane) as cp, start_host(TOKEN, extra_args=("--state-dir", str(state_dir))) as host:
+        ws = connect(host.url, TOKEN)
+        run_id = str(uuid.uuid4())
+        send_frame(ws, protocol.LaunchRun(id=run_id, key=KEY, control_plane_url=cp.url))
+        assert recv_frame(ws) == protocol.RunLaunched(id=run_id, already=False)
+        wait_until(lambda: plane.results, timeout=30, what="the run's result")
+        ws.close()
+    output = "\n".join(plane.lines)
+    assert "Permission denied" in output and "api.sock" in output, output  # it did look
+    assert KEY not in output and TOKEN not in output
+
+
+def test_a_relay_carries_only_to_the_control_plane(state_dir):
+    """What a job sends down the relay lands at the control plane's address whatever it
+    asks for: an HTTP request naming another host is still answered by the control plane."""
+    job = python_job(
+        "import http.client, socket\n"
+        "c = http.client.HTTPConnection('127.0.0.1', 6379)\n"
+        "c.sock = socket.socket(socket.AF_UNIX)\n"
+        "c.sock.connect('/holdfast/sock/api.sock')\n"
+        "c.request('GET', '/escape-probe', headers={'Host': '127.0.0.1:6379'})\n"
+        "print('status', c.getresponse().status)\n"
+    )
+    plane = Probing(job)
+    with scripted_server(plane) as cp, start_host(TOKEN, extra_args=("--state-dir", str(state_dir))) as host:
+        ws = connect(host.url, TOKEN)
+        run_id = str(uuid.uuid4())
+        send_frame(ws, protocol.LaunchRun(id=run_id, key=KEY, control_plane_url=cp.url))
+        assert recv_frame(ws) == protocol.RunLaunched(id=run_id, already=False)
+        wait_until(lambda: plane.results, timeout=30, what="the run's result")
+        ws.close()
+    assert "status 200" in plane.lines and plane.probes == ["/escape-probe"]
