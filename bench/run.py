@@ -5,7 +5,9 @@
 Uses whatever DATABASE_URL / CELERY_BROKER_URL are set (the embedded default when
 none). Rows, each against its baseline:
 
-* sandbox host, one snippet at a time, vs a bare ``python3 -c`` subprocess;
+* sandbox host, one snippet at a time, vs a bare ``python3 -c`` subprocess, and vs the
+  same host started without its sandbox (``--isolation insecure-rlimits``): the cost of
+  the containment, measured in the same run;
 * the same with 8 snippets in flight on one pooled connection;
 * the full path (row -> Celery -> pool -> host) vs a plain Celery task doing the
   same database work without a sandbox;
@@ -93,11 +95,27 @@ def bare_subprocess(n: int) -> list[float]:
     return samples
 
 
-def pool_config(url: str, token: str) -> PoolConfig:
+def pool_config(url: str, token: str, required_isolation: str = "bwrap") -> PoolConfig:
     return PoolConfig(
         url=url, token=token, max_age_s=600, max_age_jitter=0.2, per_connection_limit=8, max_connections=1,
         acquire_timeout_s=60, connect_timeout_s=10, max_moves=3, result_grace_s=10,
+        required_isolation=required_isolation,
     )  # fmt: skip
+
+
+def uncontained(token: str, n: int) -> list[float]:
+    """One snippet at a time on a host with no sandbox: what the containment costs."""
+    host = local.start_host(token, host_id="bench-uncontained", extra_args=("--isolation", "insecure-rlimits"))
+    try:
+        pool = SandboxPool(pool_config(local.host_url(host), token, required_isolation="insecure-rlimits"))
+        try:
+            pooled(pool, 3, 1)
+            samples, _ = pooled(pool, n, 1)
+        finally:
+            pool.close()
+    finally:
+        host.stop()
+    return samples
 
 
 def pooled(pool: SandboxPool, n: int, concurrency: int) -> tuple[list[float], float]:
@@ -163,6 +181,7 @@ def main() -> None:
         time.sleep(0.5)
         idle_rss = rss_kib(host.popen.pid)
         base = bare_subprocess(n)
+        bare_host = uncontained(token, n)
         pool = SandboxPool(pool_config(local.host_url(host), token))
         pooled(pool, 3, 1)  # open the connection and warm the host
         seq, _ = pooled(pool, n, 1)
@@ -184,7 +203,10 @@ def main() -> None:
         s50, s95 = ms(seq)
         c50, c95 = ms(conc)
         rows.append(("bare subprocess (baseline)", f"{b50:.1f}", f"{b95:.1f}", f"{1000 / b50:.1f}/s"))
-        rows.append(("host, 1 in flight", f"{s50:.1f}", f"{s95:.1f}", f"{1000 / s50:.1f}/s"))
+        u50, u95 = ms(bare_host)
+        rows.append(("host without sandbox (insecure-rlimits), 1 in flight", f"{u50:.1f}", f"{u95:.1f}",
+                     f"{1000 / u50:.1f}/s"))  # fmt: skip
+        rows.append(("host, 1 in flight (full containment)", f"{s50:.1f}", f"{s95:.1f}", f"{1000 / s50:.1f}/s"))
         rows.append(("host, 8 in flight, 1 connection", f"{c50:.1f}", f"{c95:.1f}", f"{throughput:.1f}/s"))
 
         env = {"HOLDFAST_SANDBOX_URL": local.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}

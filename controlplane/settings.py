@@ -153,14 +153,23 @@ DATABASES = {"default": database_from_url(DATABASE_URL) if DATABASE_URL else _sq
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis in production (shared by every worker, so the drain page sees them all); the
-# database cache on the embedded default, since it needs no extra process.
+# file cache under var/ on the embedded default, since it needs no extra process.
 CACHE_URL = env_str("HOLDFAST_CACHE_URL", "")
 if CACHE_URL.startswith("redis://"):
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}}
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": CACHE_URL,
+            # JSON, never pickle: a process that can write a key on this Redis must not
+            # run code in the workers and the web process that read it (controlplane/cache.py).
+            "OPTIONS": {"serializer": "controlplane.cache.JsonSerializer"},
+        }
+    }
 else:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            # Django's file cache, storing JSON instead of pickles (controlplane/cache.py).
+            "BACKEND": "controlplane.cache.JsonFileBasedCache",
             "LOCATION": str(VAR_DIR / "cache"),
         }
     }

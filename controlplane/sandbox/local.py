@@ -73,9 +73,16 @@ class Child:
         return self.popen.returncode
 
 
-def start_host(token: str, *, host_id: str, listen: str = "127.0.0.1:0", env: dict[str, str] | None = None) -> Child:
+def start_host(
+    token: str,
+    *,
+    host_id: str,
+    listen: str = "127.0.0.1:0",
+    env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> Child:
     child_env = {**os.environ, **(env or {}), "HOLDFAST_SANDBOX_TOKEN": token, "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-m", "sandbox_host", "--listen", listen, "--host-id", host_id]
+    argv = [sys.executable, "-m", "sandbox_host", "--listen", listen, "--host-id", host_id, *extra_args]
     host = Child(f"host {host_id}", argv, child_env, LISTENING)
     host.wait_ready(HOST_START_TIMEOUT_S)
     return host

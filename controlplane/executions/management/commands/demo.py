@@ -36,7 +36,12 @@ class Command(BaseCommand):
         self.stdout.write(f"database: {db['ENGINE'].rsplit('.', 1)[-1]} {db['NAME']}")
         self.stdout.write(f"broker:   {settings.CELERY_BROKER_URL}")
         token = secrets.token_urlsafe(32)
-        host = local.start_host(token, host_id="demo-host")
+        try:
+            host = local.start_host(token, host_id="demo-host")
+        except RuntimeError as exc:
+            # A host that cannot build its sandbox says why in its last line: show that,
+            # not a traceback (e.g. "bubblewrap is not installed (... apt-get install ...)").
+            raise CommandError(str(exc).strip().splitlines()[-1]) from None
         self.stdout.write(f"host:     {local.host_url(host)}")
         worker = None
         failures = 0
