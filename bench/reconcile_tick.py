@@ -132,11 +132,12 @@ def main() -> None:
         per_run = OneProbePerRun(**common)
 
         reconcile.tick(driver=batched)  # warm: connections, caches, query plans
-        samples = []
+        samples, probing = [], []
         for _ in range(args.ticks):
             began = time.perf_counter()
             report = reconcile.tick(driver=batched)
             samples.append(time.perf_counter() - began)
+            probing.append(report.probe_s)
             assert report.alive == args.runs and not report.silent_hosts, report.lines()
         began = time.perf_counter()
         report = reconcile.tick(driver=per_run)
@@ -146,15 +147,17 @@ def main() -> None:
         p50 = statistics.median(samples)
         interval = settings.RECONCILE_INTERVAL_S
         db = connection.vendor
+        load = os.getloadavg()[0]
         print(
             f"Reconcile tick: runs={args.runs} hosts={args.hosts} database={db} cpus={os.cpu_count()} "
-            f"python={sys.version.split()[0]}"
+            f"python={sys.version.split()[0]} load1={load:.1f}"
         )
         print()
         print(f"{'what':44}{'tick s':>10}{'round trips':>14}")
         print(f"{'one probe per run (baseline, 1 tick)':44}{baseline:>10.2f}{args.runs:>14}")
         print(f"{'batched, p50 of ' + str(args.ticks) + ' ticks':44}{p50:>10.3f}{args.hosts:>14}")
         print(f"{'batched, worst of ' + str(args.ticks) + ' ticks':44}{max(samples):>10.3f}{args.hosts:>14}")
+        print(f"{'  of which waiting on the hosts (p50)':44}{statistics.median(probing):>10.3f}")
         print()
         print(f"speed-up (baseline / batched p50): {baseline / p50:.0f}x   (goal: at least 50x)")
         print(
