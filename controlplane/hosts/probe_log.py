@@ -4,8 +4,8 @@ Reconcile (controlplane/runs/reconcile.py) probes every host that holds live run
 per tick. A host that does not answer leaves its runs untouched, so its silence must be
 visible somewhere else: here. One cache key holds every host's entry::
 
-    {"h1": {"last_answer_at": <epoch s> | None, "silent_since": <epoch s> | None,
-            "silent_ticks": 0}}
+    {"h1": {"last_answer_at": <epoch s> | None, "last_probed_at": <epoch s>,
+            "silent_since": <epoch s> | None, "silent_ticks": 0}}
 
 Overlapping ticks may interleave their read-modify-write of the key; the worst case is
 one tick's observation lost, which the next tick repeats. Nothing decides on it.
@@ -26,15 +26,21 @@ def record(*, answered: list[str], silent: list[str], at: datetime) -> None:
     if not answered and not silent:
         return
     when = at.timestamp()
-    entries = dict(cache.get(KEY) or {})
+    # Hosts not probed for a day (retired, renamed) drop out, so the key stays small.
+    entries = {
+        host: entry
+        for host, entry in (cache.get(KEY) or {}).items()
+        if max(entry.get("last_answer_at") or 0, entry.get("last_probed_at") or 0) > when - TTL_S
+    }
     for host in answered:
-        entries[host] = {"last_answer_at": when, "silent_since": None, "silent_ticks": 0}
+        entries[host] = {"last_answer_at": when, "last_probed_at": when, "silent_since": None, "silent_ticks": 0}
     for host in silent:
         previous = entries.get(host) or {"last_answer_at": None, "silent_since": None, "silent_ticks": 0}
         entries[host] = {
             "last_answer_at": previous.get("last_answer_at"),
             "silent_since": previous.get("silent_since") or when,
             "silent_ticks": int(previous.get("silent_ticks") or 0) + 1,
+            "last_probed_at": when,
         }
     cache.set(KEY, entries, TTL_S)
 
