@@ -1,10 +1,11 @@
 """The real launch driver: asks a sandbox host over its WebSocket protocol.
 
-Reconcile probes through this same driver (``probe``: one ``probe_runs`` round trip per
-host per tick). One short connection per launch (launches are rare next to executions, so they do not
+One short connection per launch (launches are rare next to executions, so they do not
 share the executions pool): connect, authenticate, send ``launch_run``, await
 ``run_launched``. ``HOLDFAST_SANDBOX_URL`` may list several addresses (comma-separated,
-as for the pool) or one balancer.
+as for the pool) or one balancer. Reconcile probes hosts through this same driver
+(``probe``: one ``probe_runs`` round trip per host per tick), and cancels and
+reconcile stop sandboxes through it (``stop``).
 
 What each answer proves, and so what the task may do next (DESIGN.md, Runs):
 
@@ -195,7 +196,9 @@ class WebSocketLaunchDriver:
                     for run_id in pending.pop(frame.ref):
                         item = frame.statuses.get(run_id)
                         if not isinstance(item, dict) or item.get("status") not in protocol.RUN_STATUSES:
-                            return None  # an answer we cannot read proves nothing
+                            # Not named, or a status of a newer host we cannot read: it
+                            # proves nothing, so this run is left out (untouched).
+                            continue
                         code = item.get("exit_code")
                         statuses[run_id] = SandboxProbe(item["status"], code if isinstance(code, int) else None)
                 elif isinstance(frame, protocol.Error) and frame.id is None:
