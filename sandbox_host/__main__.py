@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if isolation.shared_dir:
         warning = f"--insecure-shared-dir {isolation.shared_dir}: every sandbox can read and write it"
         print(f"holdfast-host: WARNING {warning}", file=sys.stderr)
-    sweep_leftovers(isolation, log, slots=args.max_concurrent)
+    sweep_leftovers(isolation, log)
     listener = socket.create_server(args.listen, backlog=128)
     address, port = listener.getsockname()[:2]
     host = Host(

@@ -227,8 +227,12 @@ class Child:
             kill_uid(self.uid)  # without a PID namespace, a setsid'd grandchild left the group
 
     def cleanup(self) -> None:
-        if self.cgroup:
-            self.isolation.cgroups.remove(self.cgroup)
+        """Remove the execution's control groups, once. The groups are named after the
+        slot's uid: once the slot is free they may belong to the next execution, so a
+        second call must not touch them."""
+        cgroup, self.cgroup = self.cgroup, ""
+        if cgroup:
+            self.isolation.cgroups.remove(cgroup)
 
 
 def kill_uid(uid: int, *, rounds: int = 20) -> None:

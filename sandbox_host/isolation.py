@@ -25,13 +25,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import stat
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import cgroups as cgroups_mod
-from . import defaults, protocol, sandbox, seccomp_policy
+from . import defaults, protocol, sandbox, seccomp_policy, uids
 from .children import Child, ChildError, Limits
 
 RLIMITS, SHARED_UID, FULL = protocol.ISOLATION_LEVELS  # weakest first
@@ -276,17 +278,42 @@ def probe(
     return isolation
 
 
-def sweep_leftovers(isolation: Isolation, log: Callable[..., None], *, slots: int) -> None:
-    """Remove the control groups an earlier incarnation on this uid block left behind
-    (a SIGKILLed host): the block is ours now, so no live sandbox uses them."""
-    if isolation.uid_base is None or not isolation.cgroups.enabled:
+def sweep_leftovers(isolation: Isolation, log: Callable[..., None]) -> None:
+    """Remove what executions of a host that is gone left behind (a SIGKILLed host, this
+    one's earlier incarnation or another's): their control groups, and the per-execution
+    temp dirs of releases that had them. Something is left behind when its uid belongs
+    to this host's own block (nothing runs in it yet) or to a block no live host holds;
+    run sandboxes use other uids and are never touched here."""
+    if isolation.uid_base is None:
         return
-    names = {f"exec-{isolation.uid_base + slot}" for slot in range(slots)}
-    removed = []
-    for name in names:
+    verdicts: dict[int, bool] = {}
+
+    def stale(uid: int) -> bool:
+        base = uids.block_of(uid)
+        if base is None:
+            return False
+        if base not in verdicts:
+            verdicts[base] = base == isolation.uid_base or uids.block_is_free(base)
+        return verdicts[base]
+
+    groups = 0
+    for parent in isolation.cgroups.parents.values():
         with contextlib.suppress(OSError):
-            if isolation.cgroups.members(name) or any(os.path.isdir(p) for p in isolation.cgroups.paths(name).values()):
-                isolation.cgroups.remove(name)
-                removed.append(name)
-    if removed:
-        log("leftovers_removed", cgroups=len(removed))
+            for name in os.listdir(parent):
+                prefix, _, number = name.partition("-")
+                if prefix == "exec" and number.isdigit() and stale(int(number)):
+                    isolation.cgroups.remove(name)
+                    groups += 1
+    dirs = 0
+    temp = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(temp):
+            path = os.path.join(temp, name)
+            if not name.startswith("holdfast-exec-"):
+                continue
+            with contextlib.suppress(OSError):
+                if stale(os.lstat(path).st_uid):
+                    shutil.rmtree(path, ignore_errors=True)
+                    dirs += 1
+    if groups or dirs:
+        log("leftovers_removed", cgroups=groups, exec_dirs=dirs)

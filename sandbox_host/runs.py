@@ -409,16 +409,17 @@ class RunSandboxes:
 
     def _cleanup(self, record: dict) -> None:
         uid = record.get("uid")
-        if record.get("cgroup"):
-            self.isolation.cgroups.remove(record["cgroup"])  # the relay included
         if record.get("relay") and alive(*record["relay"]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record["relay"][0], signal.SIGKILL)
         if uid is not None:
             with run_uids.registry() as registry:
                 # Only while the claim is still this run's: once its process died another
-                # run may have claimed the uid, and sweeping it would kill that run.
+                # run may have claimed the uid (and so the group named after it), and
+                # sweeping either would kill that run.
                 if registry.release_if_held_by(uid, record.get("pid"), record.get("start_time")):
+                    if record.get("cgroup"):
+                        self.isolation.cgroups.remove(record["cgroup"])  # the relay included
                     kill_uid(uid)  # nothing of the run may outlive it under its uid
         if record.get("run_dir"):
             shutil.rmtree(record["run_dir"], ignore_errors=True)

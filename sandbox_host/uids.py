@@ -37,6 +37,31 @@ def _has_passwd_entry(first: int, count: int) -> bool:
     return any(uid in known for uid in range(first, first + count))
 
 
+def block_of(uid: int) -> int | None:
+    """The base of the execution block ``uid`` belongs to, or None if it is in none."""
+    first, size = defaults.DEFAULT_CHILD_UID_BASE, defaults.DEFAULT_UID_BLOCK_SIZE
+    if not first <= uid < first + size * defaults.DEFAULT_UID_BLOCKS:
+        return None
+    return first + (uid - first) // size * size
+
+
+def block_is_free(base: int) -> bool:
+    """True if no live host holds block ``base`` (its lock is free): whatever its uids
+    left behind belongs to a host that is gone. Never true for the caller's own block
+    (a second flock of the same file conflicts with the first)."""
+    try:
+        fd = os.open(os.path.join(_lock_dir(), f"{base}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # drops the lock if we took it
+    return True
+
+
 def claim(count: int) -> tuple[int, int]:
     """Return ``(base, fd)``: uids ``base .. base + count - 1`` are ours while ``fd``
     stays open."""

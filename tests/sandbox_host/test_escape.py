@@ -70,6 +70,11 @@ def test_no_unix_socket_of_the_machine_is_reachable(host, tmp_path):
     path = f"/tmp/holdfast-escape-{uuid.uuid4().hex[:8]}.sock"
     ours.bind(path)
     ours.listen(1)
+    # An abstract socket has no file: only the network namespace keeps it out of reach.
+    hidden = socket.socket(socket.AF_UNIX)
+    abstract = f"\0holdfast-escape-{uuid.uuid4().hex[:8]}"
+    hidden.bind(abstract)
+    hidden.listen(1)
     try:
         result = run(
             host,
@@ -89,7 +94,7 @@ def test_no_unix_socket_of_the_machine_is_reachable(host, tmp_path):
                         except OSError:
                             pass
             print("sockets", sorted(set(found)))
-            for target in sorted(set(found)) + [{POSTGRES_SOCKET!r}, {path!r}, "/run/mysqld/mysqld.sock"]:
+            for target in sorted(set(found)) + [{POSTGRES_SOCKET!r}, {path!r}, "/run/mysqld/mysqld.sock", {abstract!r}]:
                 s = socket.socket(socket.AF_UNIX)
                 try:
                     s.connect(target)
@@ -100,6 +105,7 @@ def test_no_unix_socket_of_the_machine_is_reachable(host, tmp_path):
         )
     finally:
         ours.close()
+        hidden.close()
         os.unlink(path)
     out = lines(result)
     assert out[0] == "sockets []"
@@ -312,6 +318,34 @@ def test_the_scratch_space_is_capped_as_a_whole(host):
     )
     written = int(lines(result)[0].split()[1])
     assert 32 <= written <= 64, written
+
+
+def test_memory_is_bounded_for_the_sandbox_as_a_whole(host):
+    # Four processes of 96 MiB each stay under a 256 MiB address-space rlimit one by
+    # one; together they are over the execution's memory, which its control group holds.
+    result = run(
+        host,
+        """
+        import os, time
+        pids = []
+        for _ in range(4):
+            pid = os.fork()
+            if pid == 0:
+                block = bytearray(96 * 1024 * 1024)
+                for i in range(0, len(block), 4096):
+                    block[i] = 1
+                time.sleep(3)
+                os._exit(0)
+            pids.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        print("codes", codes)
+        """,
+        memory_mb=256,
+        timeout_ms=30_000,
+    )
+    assert host.log().count("cgroup") >= 1  # the start-up line names the groups in force
+    killed = result.status == "failed" or any(code != 0 for code in eval(result.stdout.split("codes", 1)[1]))  # noqa: S307
+    assert killed, result
 
 
 def test_a_fork_bomb_stops_at_the_process_cap(host):

@@ -113,7 +113,7 @@ def test_each_execution_gets_its_own_empty_working_dir(host):
     assert first.status == "succeeded", first.stderr
     # The sandbox's own tmpfs: nothing of the first execution is there for the second.
     assert first.stdout.strip() == "/tmp"
-    assert second.stdout.strip() == "/tmp []"
+    assert (second.status, second.stdout.strip()) == ("succeeded", "/tmp []"), second
 
 
 def _survivors(host, marker: str) -> list[int]:
@@ -339,3 +339,28 @@ def test_auth_ok_tells_the_isolation_level_and_the_bounds(host):
     assert bounds["memory"] == bounds["processes"] == "cgroup-v1" or bounds["memory"].startswith("cgroup")
     assert bounds["scratch_bytes"] == 64 * 1024 * 1024 and bounds["seccomp"] is True
     assert "warning" not in bounds
+
+
+def test_the_next_execution_in_a_slot_is_not_touched_by_the_last_ones_cleanup():
+    """Control groups are named after the slot's uid: a late second cleanup of an
+    execution whose slot already runs the next one must not remove (kill) that one.
+    Real children in this process, to force the interleaving."""
+    from sandbox_host import isolation, uids
+    from sandbox_host.children import Child, Limits
+
+    base, lock_fd = uids.claim(1)
+    try:
+        contained = isolation.build(isolation.FULL, uid_base=base)
+        limits = Limits(timeout_ms=20_000, memory_mb=256)
+        first = Child("print('first')", limits, isolation=contained, uid=base)
+        first.start()
+        assert first.wait().stdout == "first\n"
+        first.cleanup()
+        second = Child("import time\ntime.sleep(1)\nprint('second')", limits, isolation=contained, uid=base)
+        second.start()
+        first.cleanup()  # late, as the first execution's thread does after its result
+        outcome = second.wait()
+        second.cleanup()
+    finally:
+        os.close(lock_fd)
+    assert (outcome.status, outcome.stdout) == ("succeeded", "second\n")
