@@ -1,8 +1,10 @@
 """Helpers for the reconcile tests: a running run placed on a host, as the launch task
-and the runner's hello leave it, with a callback URL so notifications are recorded."""
+and the runner's hello leave it, with a callback URL so notifications are recorded; and
+a real host that can be restarted as the same host (``host``, ``drive_host``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -13,7 +15,31 @@ from django.test import Client
 
 from controlplane.runs import actions
 from controlplane.runs.models import Run, RunEvent, RunNotification, RunStatus
+from tests.integration.support import free_port, stop_runs
 from tests.runs.conftest import JOB, SECRET, RunnerCalls
+
+from .hosts import TOKEN, RestartableHost
+
+
+@pytest.fixture
+def host(tmp_path) -> Iterator[RestartableHost]:
+    running = RestartableHost(tmp_path / "state", free_port())
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        stop_runs(running.state_dir)
+
+
+@pytest.fixture
+def drive_host(settings, host):
+    """This process's ticks reach the host as the worker's launches do."""
+    settings.SANDBOX_URL = host.url
+    settings.SANDBOX_TOKEN = TOKEN
+    settings.RUNS_LAUNCH_DRIVER = ""
+    return host
+
 
 HOST = "host-a"
 CALLBACK = "http://127.0.0.1:9/callback"  # never reached here: nothing consumes the queue

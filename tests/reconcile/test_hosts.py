@@ -9,14 +9,12 @@ in this process, through the same driver settings the worker uses."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -28,61 +26,13 @@ from controlplane.runs.models import Run, RunStatus
 from controlplane.runs.tasks import enqueue_launch
 from sandbox_host.procs import alive
 from tests.integration.conftest import counting_job
-from tests.integration.support import free_port, run_log, start_web, stop_runs
-from tests.support.host import HostProcess, start_host
+from tests.integration.support import free_port, run_log, start_web
 from tests.support.worker import WorkerProcess, start_worker
 from tests.timing import scaled, wait_until
 
+from .hosts import HOST_ID, TOKEN, RestartableHost
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-TOKEN = "hf-reconcile-" + os.urandom(8).hex()
-HOST_ID = "reconcile-h1"
-
-
-class RestartableHost:
-    """A real host on a fixed port with a fixed id and state dir, so it can be stopped
-    and started again as the same host (what the Procfile's host line now does)."""
-
-    def __init__(self, state_dir: Path, port: int, host_id: str = HOST_ID) -> None:
-        self.state_dir, self.port, self.host_id = state_dir, port, host_id
-        self.url = f"ws://127.0.0.1:{port}"
-        self.process: HostProcess | None = None
-        self._stack: contextlib.ExitStack | None = None
-
-    def start(self) -> None:
-        self._stack = contextlib.ExitStack()
-        args = ("--listen", f"127.0.0.1:{self.port}", "--state-dir", str(self.state_dir))
-        self.process = self._stack.enter_context(start_host(TOKEN, host_id=self.host_id, extra_args=args))
-        assert self.process.url == self.url, self.process.url
-
-    def stop(self) -> None:
-        """SIGTERM: the host drains its executions and exits; run sandboxes keep running."""
-        if self._stack is not None:
-            self._stack.close()
-            self._stack = None
-
-    def record(self, run_id: object) -> dict:
-        return json.loads((self.state_dir / "runs" / f"{run_id}.json").read_text())
-
-
-@pytest.fixture
-def host(tmp_path) -> Iterator[RestartableHost]:
-    running = RestartableHost(tmp_path / "state", free_port())
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
-        stop_runs(running.state_dir)
-
-
-@pytest.fixture
-def drive_host(settings, host):
-    """This process's ticks reach the host as the worker's launches do."""
-    settings.SANDBOX_URL = host.url
-    settings.SANDBOX_TOKEN = TOKEN
-    settings.RUNS_LAUNCH_DRIVER = ""
-    return host
 
 
 @pytest.fixture(scope="module")
