@@ -232,10 +232,21 @@ CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = env_float("HOLDFAST_WORKER_SOFT_SHUTDOWN_S
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = env_str("HOLDFAST_CELERY_QUEUE", "holdfast")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Seconds between two reconcile ticks (controlplane/runs/reconcile.py). 30 s finds a lost
+# sandbox within grace + one interval, for one probe round trip per host per tick.
+RECONCILE_INTERVAL_S = env_float("HOLDFAST_RECONCILE_INTERVAL_S", 30.0, minimum=1.0)
 CELERY_BEAT_SCHEDULE = {
     # A crash between commit and publish loses the message; re-publishing rows still
     # queued is harmless because the task claims by compare-and-set.
     "executions-sweep": {"task": "controlplane.executions.tasks.sweep_executions", "schedule": 30.0},
+    # Overlapping ticks (two beats by mistake, a slow tick) are harmless: every write a
+    # tick makes compare-and-sets against what it read. A tick message older than one
+    # interval is dropped: the next one does the same work with fresher rows.
+    "runs-reconcile": {
+        "task": "controlplane.runs.tasks.reconcile_runs",
+        "schedule": RECONCILE_INTERVAL_S,
+        "options": {"expires": RECONCILE_INTERVAL_S},
+    },
 }
 
 # --- Sandbox pool (per worker process) ------------------------------------------------
@@ -336,6 +347,55 @@ RUNS_MAX_ERROR_CHARS = 4000
 RUNS_PUSH_TOKEN_TTL_S = env_int("HOLDFAST_RUNS_PUSH_TOKEN_TTL_S", 15 * 60, minimum=30)
 # Push tokens one run may hold (one per request key): a runner loop cannot mint without end.
 RUNS_MAX_PUSH_TOKENS_PER_RUN = env_int("HOLDFAST_RUNS_MAX_PUSH_TOKENS_PER_RUN", 64, minimum=1)
+
+# --- Reconcile (controlplane/runs/reconcile.py) ----------------------------------------
+
+# Seconds a sandbox must stay exited or unknown on its host before its run fails as
+# sandbox_lost. One probe never fails a run: it may race a host restart or a result in
+# flight. 90 s is three default ticks: a host restart (seconds) is long over by then.
+SANDBOX_LOSS_GRACE_S = env_float("HOLDFAST_SANDBOX_LOSS_GRACE_S", 90.0, minimum=0.0)
+# A loss stamp more than this far in the future (seconds; clocks of two machines) is
+# not trusted: it is replaced by now, never taken as proof.
+RECONCILE_CLOCK_SKEW_S = 5.0
+# Seconds one host has to answer a tick's probe (after connect and authentication,
+# which have SANDBOX_CONNECT_TIMEOUT_S). A host answers 1000 ids in milliseconds; a
+# host that does not answer in time leaves its runs untouched this tick.
+RECONCILE_PROBE_TIMEOUT_S = env_float("HOLDFAST_RECONCILE_PROBE_TIMEOUT_S", 10.0, minimum=0.5)
+# Seconds a run may stay queued (since creation) or provisioning without a runner's
+# hello (since its claim) before reconcile republishes its launch once, and as long
+# again before it fails as launch_lost. Longer than the launch task's own retries
+# (RUNS_LAUNCH_MAX_ATTEMPTS with doubling delays, each up to a connect and a reply
+# timeout: about 5 minutes at the defaults), so a launch still being retried is not
+# relaunched under it.
+RUN_LAUNCH_DEADLINE_S = env_float("HOLDFAST_RUN_LAUNCH_DEADLINE_S", 600.0, minimum=1.0)
+# Seconds past a running job's own timeout before reconcile stops its sandbox and fails
+# it as deadline_exceeded. The runner kills its job at the timeout and reports; the
+# margin covers the kill grace and a result delivered through an outage (the runner's
+# result budget is 300 s). Only a runner whose timer died with it gets here.
+RUN_DEADLINE_MARGIN_S = env_float("HOLDFAST_RUN_DEADLINE_MARGIN_S", 600.0, minimum=0.0)
+
+# --- Outbound progress notifications (controlplane/runs/notifications.py) ---------------
+
+# The key each owner's notification secret is derived from (HMAC-SHA256 of the owner's
+# name): rotating it rotates every owner's secret. Defaults to the Django secret key so
+# the embedded default works; production sets its own.
+NOTIFY_SIGNING_KEY = env_str("HOLDFAST_NOTIFY_SIGNING_KEY", SECRET_KEY)
+# Seconds one POST to a callback URL may take (connect + answer): a receiver that needs
+# longer should queue and answer 202.
+NOTIFY_TIMEOUT_S = env_float("HOLDFAST_NOTIFY_TIMEOUT_S", 10.0, minimum=0.5)
+# Attempts per notification before it is abandoned (kept on its row, visible in the
+# admin). With the backoff below the last one goes out about 40 minutes after the first.
+NOTIFY_MAX_ATTEMPTS = env_int("HOLDFAST_NOTIFY_MAX_ATTEMPTS", 8, minimum=1)
+# First retry delay (seconds), doubled per attempt with full jitter, capped at 15 min: a
+# receiver restarting is back in seconds, one that is down stays unhammered.
+NOTIFY_RETRY_BASE_S = env_float("HOLDFAST_NOTIFY_RETRY_BASE_S", 5.0, minimum=0.0)
+NOTIFY_RETRY_MAX_S = 15 * 60.0
+# A notification never attempted this long after its claim lost its Celery message (a
+# crash between commit and publish): reconcile publishes it again. Far longer than any
+# queue backlog, so a message merely waiting in the queue is not doubled for nothing.
+NOTIFY_REPUBLISH_AFTER_S = env_float("HOLDFAST_NOTIFY_REPUBLISH_AFTER_S", 3600.0, minimum=60.0)
+# Callback URLs must be http or https; this bounds their length on the row.
+NOTIFY_MAX_URL_CHARS = 2000
 
 # --- Operations (the host registry, the drain page, drain_host) -----------------------
 

@@ -14,7 +14,10 @@ read it from /proc/<runner pid>/ or ptrace it (the sandbox's seccomp filter refu
 ptrace and process_vm_readv as well).
 
 Exit codes: 0 the job succeeded, 1 it did not (or the verdict could not be recorded),
-2 usage (arguments given, or a variable missing).
+2 usage (arguments given, or a variable missing). A hello, bundle or result that cannot
+be delivered within its outage budget leaves exactly one ``runner: undeliverable ...``
+line on stderr (run id, endpoint, attempted status, attempts, failure class: never a
+secret) and exits 1 without a traceback; reconcile then finds the run.
 """
 
 from __future__ import annotations
@@ -177,19 +180,62 @@ def _log_retry(endpoint: str, attempt: int, reason: str) -> None:
     print(f"runner: event=retry endpoint={endpoint} attempt={attempt} reason={reason!r}", file=sys.stderr, flush=True)
 
 
+class Undeliverable(Exception):
+    """A call the run cannot go on without (hello, bundle, the result) failed for good.
+    Carries coordinates only: ``main`` turns it into one breadcrumb line and exit 1, and
+    reconcile finds the run through its host (its sandbox exited without a result)."""
+
+    def __init__(self, endpoint: str, attempts: int, reason: str, attempted_status: str | None = None) -> None:
+        super().__init__(endpoint)
+        self.endpoint = endpoint
+        self.attempts = attempts
+        self.reason = reason
+        self.attempted_status = attempted_status
+
+    @classmethod
+    def from_transport(cls, exc: TransportError, attempted_status: str | None = None) -> Undeliverable:
+        # The class name and counts only: a message may quote a server's words.
+        return cls(
+            getattr(exc, "endpoint", "?"),
+            int(getattr(exc, "attempts", 1) or 1),
+            type(exc).__name__,
+            attempted_status,
+        )
+
+
+def breadcrumb(run_id: str, failure: Undeliverable, redactor: Redactor | None = None) -> str:
+    """The one stderr line an undeliverable call leaves: run id, endpoint, attempted
+    status, attempt count and the failure's class. Never a secret (allowlisted scalar
+    fields, redacted with the run's keys)."""
+    fields = {
+        "run_id": run_id,
+        "endpoint": failure.endpoint,
+        "attempted_status": failure.attempted_status,
+        "attempts": failure.attempts,
+        "reason": failure.reason,
+    }
+    return "runner: " + diagnostic_line("undeliverable", fields, redactor or Redactor(()))
+
+
 def live(base_url: str, run_id: str, run_key: str, *, unix_socket: str | None = None) -> Outcome:
     client = ControlPlaneClient(base_url, run_id, run_key, on_retry=_log_retry, unix_socket=unix_socket)
-    # One instance id per runner process: a replayed hello is the same claim.
-    session = client.call("POST", "hello", body={"instance_id": str(uuid.uuid4())})
-    client.authenticate(session["session_token"])
-    job = client.call("GET", "bundle")["job"]
+    try:
+        # One instance id per runner process: a replayed hello is the same claim.
+        session = client.call("POST", "hello", body={"instance_id": str(uuid.uuid4())})
+        client.authenticate(session["session_token"])
+        job = client.call("GET", "bundle")["job"]
+    except TransportError as exc:
+        raise Undeliverable.from_transport(exc) from None
     redactor = Redactor((job.get("secrets") or {}).values(), keys=[run_key, session["session_token"]])
     stream = EventStream(client, redactor=redactor)
     outcome = run_job(job, stream)
     failure = stream.close()
     if failure is not None and outcome.status == "succeeded":
         outcome = Outcome("failed", outcome.exit_code, "events could not be delivered to the control plane")
-    report_result(client, outcome, redactor)
+    try:
+        report_result(client, outcome, redactor)
+    except TransportError as exc:
+        raise Undeliverable.from_transport(exc, outcome.status) from None
     return outcome
 
 
@@ -234,11 +280,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runner: missing {', '.join(missing)}", file=sys.stderr)
         return 2
     print(f"runner: event=started run_id={values['HOLDFAST_RUN_ID']} pid={os.getpid()}", file=sys.stderr, flush=True)
-    outcome = live(
-        values["HOLDFAST_CONTROL_PLANE_URL"],
-        values["HOLDFAST_RUN_ID"],
-        values["HOLDFAST_RUN_KEY"],
-        unix_socket=unix_socket,
-    )
+    run_id = values["HOLDFAST_RUN_ID"]
+    try:
+        outcome = live(
+            values["HOLDFAST_CONTROL_PLANE_URL"], run_id, values["HOLDFAST_RUN_KEY"], unix_socket=unix_socket
+        )
+    except Undeliverable as failure:
+        # One line, coordinates only, no traceback: the run's outcome could not reach the
+        # control plane within its budget. Reconcile finds the run by its host's probe.
+        redactor = Redactor((), keys=[values["HOLDFAST_RUN_KEY"]])
+        print(breadcrumb(run_id, failure, redactor), file=sys.stderr, flush=True)
+        return 1
     print(f"runner: event=finished status={outcome.status} exit_code={outcome.exit_code}", file=sys.stderr, flush=True)
     return 0 if outcome.status == "succeeded" else 1

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
-from controlplane.hosts import snapshots
+from controlplane.hosts import probe_log, snapshots
 from controlplane.hosts.models import SandboxHost, State
 
 
@@ -49,6 +49,12 @@ class HostView:
     empty_by: str | None = None
     empty_in_s: float | None = None
     workers: list[WorkerView] = field(default_factory=list)
+    # Runs whose sandbox this host holds (queued ones have no host yet).
+    live_runs: int = 0
+    # What reconcile's last probes heard (probe_log): a silent host's runs are not judged.
+    probe_last_answer_at: str | None = None
+    probe_silent_since: str | None = None
+    probe_silent_s: float | None = None
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -148,6 +154,7 @@ def build(*, now: datetime | None = None) -> dict:
         empty_in = retire_in + max(0.0, longest)
         view.empty_in_s = round(empty_in, 1)
         view.empty_by = _iso(now + timedelta(seconds=empty_in))
+    _add_runs_and_probes(views, now)
     order = {State.DRAINING: 0, State.ACTIVE: 1, State.GONE: 2}
     hosts = sorted(views.values(), key=lambda v: (order.get(v.state, 3), v.name))
     return {
@@ -158,3 +165,44 @@ def build(*, now: datetime | None = None) -> dict:
         "workers": sorted(s["worker"] for s in snaps),
         "hosts": [asdict(v) for v in hosts],
     }
+
+
+def _add_runs_and_probes(views: dict[str, HostView], now: datetime) -> None:
+    """Live runs per host (database) and reconcile's probe silence per host (cache). A
+    host that holds runs but neither a registry row nor a worker connection still gets
+    a card: its runs are there, and its silence may be why nothing reconciles them."""
+    from django.db.models import Count
+
+    from controlplane.runs.models import PROBED_STATUSES, Run
+
+    counts = dict(
+        Run.objects.filter(status__in=PROBED_STATUSES)
+        .exclude(host_id="")
+        .values_list("host_id")
+        .annotate(n=Count("id"))
+        .values_list("host_id", "n")
+    )
+    probes = probe_log.entries()
+    for host_id in set(counts) | set(probes):
+        view = views.get(host_id)
+        if view is None:
+            if not counts.get(host_id):
+                continue  # probed once, no runs left, not registered: nothing to show
+            view = views[host_id] = HostView(
+                name=host_id,
+                state=State.ACTIVE,
+                drained_by="",
+                host_id=host_id,
+                address="",
+                registered=False,
+                last_seen_at=None,
+                drain_started_at=None,
+            )
+        view.live_runs = counts.get(host_id, 0)
+        entry = probes.get(host_id) or {}
+        if entry.get("last_answer_at"):
+            view.probe_last_answer_at = _iso(datetime.fromtimestamp(entry["last_answer_at"], tz=UTC))
+        if entry.get("silent_since"):
+            silent_since = datetime.fromtimestamp(entry["silent_since"], tz=UTC)
+            view.probe_silent_since = _iso(silent_since)
+            view.probe_silent_s = _ago(now, silent_since)

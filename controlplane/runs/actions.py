@@ -5,7 +5,8 @@ Rules kept here (DESIGN.md, Runs):
   task or a replayed request can never move a run twice.
 - Every terminal path goes through ``_finish``: it claims the row, revokes the run's keys
   and push tokens, wipes its injected secrets, records a ``result`` event and seals the
-  receipt, all in one transaction. Follow-ups happen only when the claim landed.
+  receipt, all in one transaction, and records the run's progress notification (sent
+  after commit). Follow-ups happen only when the claim landed.
 - Appends, artifact writes and push-token mints lock the run row first, so nothing is
   added after the receipt is sealed and sequence numbers have no gaps.
 """
@@ -22,7 +23,7 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from . import credentials, receipts
+from . import credentials, notifications, receipts
 from .errors import (
     BatchKeyConflict,
     InstanceConflict,
@@ -52,14 +53,17 @@ logger = logging.getLogger(__name__)
 # --- creation and launch ----------------------------------------------------------------
 
 
-def create_run(owner: str, job: dict, secrets: dict[str, str] | None = None) -> Run:
+def create_run(owner: str, job: dict, secrets: dict[str, str] | None = None, *, callback_url: str = "") -> Run:
     """A queued run. It has no key yet: the launch key is minted when a task claims it
-    (``claim_for_launch``), so nothing secret exists before a host is about to need it."""
+    (``claim_for_launch``), so nothing secret exists before a host is about to need it.
+    ``callback_url`` receives a signed progress notification on every terminal
+    transition (notifications.py)."""
     return Run.objects.create(
         owner=validate_owner(owner),
         job=validate_job(job),
         secrets=validate_secrets(secrets or {}),
         token_salt=credentials.new_salt(),
+        callback_url=notifications.validate_callback_url(callback_url),
     )
 
 
@@ -254,14 +258,27 @@ def cancel_run(run_id: object, reason: str = "cancelled by operator") -> bool:
     return claimed
 
 
-def fail_run(run_id: object, error: str, guard: Q | None = None) -> bool:
+def fail_run(
+    run_id: object,
+    error: str,
+    guard: Q | None = None,
+    *,
+    exit_code: int | None = None,
+    stop_sandbox: bool = False,
+) -> bool:
     """Fail a live run, only if ``guard`` (ANDed into the claim) still holds.
 
-    Returns whether this call claimed the row; key revocation and sealing happen only
-    then, so a caller acting on a stale snapshot (reconcile) can never end a run whose
-    state moved under it, nor repeat another caller's follow-ups.
+    Returns whether this call claimed the row; key revocation, sealing, the progress
+    notification and (``stop_sandbox``) the sandbox's stop happen only then, so a caller
+    acting on a stale snapshot (reconcile) can never end a run whose state moved under
+    it, nor repeat another caller's follow-ups.
     """
-    return _finish(run_id, RunStatus.FAILED, error=error, guard=guard) is not None
+    claimed = _finish(run_id, RunStatus.FAILED, exit_code=exit_code, error=error, guard=guard) is not None
+    if claimed and stop_sandbox:
+        from .tasks import stop_run_sandbox
+
+        transaction.on_commit(lambda: stop_run_sandbox.delay(str(run_id)))
+    return claimed
 
 
 # --- internals ------------------------------------------------------------------------
@@ -332,6 +349,8 @@ def _finish(
         )
         run.refresh_from_db()
         receipt = receipts.seal(run)
+        # Written with the claim, sent after commit: a lost claim notifies nobody.
+        notifications.record(run)
         line = diagnostic(run, "run_finished", {"status": status, "exit_code": exit_code})
     logger.info("%s", line)
     return receipt

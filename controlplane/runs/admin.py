@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from . import actions
-from .models import Receipt, Run, RunEvent
+from .models import Receipt, Run, RunEvent, RunNotification
 from .receipts import verify_receipt
 
 RUN_FIELDS = (
@@ -25,7 +25,10 @@ RUN_FIELDS = (
     "exit_code",
     "error",
     "summary",
-    "sandbox",
+    "sandbox_ref",
+    "loss_observed_at",
+    "relaunched_at",
+    "callback_url",
     "created_at",
     "provisioned_at",
     "started_at",
@@ -66,6 +69,16 @@ class RunEventAdmin(ReadOnlyAdmin):
     list_filter = ("type",)
     search_fields = ("run__id",)
     fields = ("run", "seq", "type", "data", "ts", "batch_key")
+    readonly_fields = fields
+    list_select_related = ("run",)
+
+
+@admin.register(RunNotification)
+class RunNotificationAdmin(ReadOnlyAdmin):
+    list_display = ("run", "status", "attempts", "delivered_at", "abandoned_at", "last_error")
+    list_filter = ("status",)
+    search_fields = ("run__id",)
+    fields = ("run", "status", "url", "attempts", "lease_until", "delivered_at", "abandoned_at", "last_error")
     readonly_fields = fields
     list_select_related = ("run",)
 

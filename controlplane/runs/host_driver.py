@@ -3,7 +3,9 @@
 One short connection per launch (launches are rare next to executions, so they do not
 share the executions pool): connect, authenticate, send ``launch_run``, await
 ``run_launched``. ``HOLDFAST_SANDBOX_URL`` may list several addresses (comma-separated,
-as for the pool) or one balancer.
+as for the pool) or one balancer. Reconcile probes hosts through this same driver
+(``probe``: one ``probe_runs`` round trip per host per tick), and cancels and
+reconcile stop sandboxes through it (``stop``).
 
 What each answer proves, and so what the task may do next (DESIGN.md, Runs):
 
@@ -25,20 +27,25 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import websocket
 
 from sandbox_host import protocol
 
-from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable
+from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable, SandboxProbe
 
 log = logging.getLogger("holdfast.runs")
 
 # Dials per configured address when looking for the host that runs a run: a balancer
 # spreads connections over its targets, so a handful find one host among a few.
 STOP_DIALS = 8
+# Hosts probed at once by one tick: each waits on its own host, so a tick lasts as long
+# as the slowest host rather than the sum of them all.
+PROBE_THREADS = 16
 
 
 class _TryElsewhere(Exception):
@@ -52,6 +59,7 @@ class WebSocketLaunchDriver:
     # Timeouts
     connect_timeout_s: float
     reply_timeout_s: float
+    probe_timeout_s: float = 10.0
     required_isolation: str = protocol.FULL_ISOLATION
 
     @classmethod
@@ -63,6 +71,7 @@ class WebSocketLaunchDriver:
             token=settings.SANDBOX_TOKEN,
             connect_timeout_s=settings.SANDBOX_CONNECT_TIMEOUT_S,
             reply_timeout_s=settings.RUNS_LAUNCH_REPLY_TIMEOUT_S,
+            probe_timeout_s=settings.RECONCILE_PROBE_TIMEOUT_S,
             required_isolation=settings.SANDBOX_REQUIRED_ISOLATION,
         )
 
@@ -100,7 +109,7 @@ class WebSocketLaunchDriver:
                     ws.settimeout(max(0.1, deadline - time.monotonic()))
                     try:
                         frame = protocol.decode(ws.recv())
-                    except protocol.ProtocolError:
+                    except (protocol.ProtocolError, UnicodeDecodeError):
                         continue
                     if isinstance(frame, protocol.RunStopped) and frame.id == run_id:
                         log.info(
@@ -115,6 +124,88 @@ class WebSocketLaunchDriver:
             finally:
                 ws.close()
         return False
+
+    def probe(self, run_ids_by_host: dict[str, list[str]]) -> dict[str, dict[str, SandboxProbe]]:
+        """One ``probe_runs`` round trip per host for all its runs (DESIGN.md, Reconcile:
+        a tick costs one round trip per host, not per run).
+
+        Each address is dialled (all at once, one thread each, so a tick lasts as long
+        as its slowest host, not the sum) and the host it reaches (``auth_ok.host_id``)
+        is asked for its runs on that one connection, in frames of at most
+        ``MAX_PROBE_IDS`` ids. A host that does not answer in full is left out: not
+        knowing is not a loss, and it is not asked twice in one tick. Several addresses
+        are hosts, each dialled once per tick; a single address is a balancer, dialled
+        again while hosts are missing, up to STOP_DIALS times."""
+        wanted = {host: list(ids) for host, ids in run_ids_by_host.items() if ids}
+        answers: dict[str, dict[str, SandboxProbe]] = {}
+        claimed: set[str] = set()
+        lock = threading.Lock()
+
+        def dial(url: str) -> bool:
+            """Probe the host behind ``url`` if it is wanted; True if it was reached."""
+            try:
+                ws, auth_ok = self._connect(url, any_isolation=True)
+            except _TryElsewhere:
+                return False  # unreachable this tick: its host stays silent
+            try:
+                host = auth_ok.host_id
+                with lock:
+                    mine = host in wanted and host not in claimed
+                    claimed.add(host)
+                if mine:
+                    statuses = self._probe_on(ws, wanted[host])
+                    if statuses is not None:
+                        with lock:
+                            answers[host] = statuses
+                return True
+            finally:
+                ws.close()
+
+        urls = list(self.urls)
+        for _ in range(STOP_DIALS):
+            if not urls or len(answers) == len(wanted):
+                break
+            with ThreadPoolExecutor(max_workers=min(len(urls), PROBE_THREADS)) as pool:
+                reached = list(pool.map(dial, urls))
+            # One address is a balancer: the next dial may reach another of its hosts.
+            # Each of several addresses is a host, asked once per tick.
+            urls = urls if len(self.urls) == 1 and all(reached) else []
+        silent = sorted(set(wanted) - set(answers))
+        if silent:
+            log.info("event=run_probe_silent hosts=%s", ",".join(silent))
+        return answers
+
+    def _probe_on(self, ws: websocket.WebSocket, run_ids: list[str]) -> dict[str, SandboxProbe] | None:
+        chunks = [run_ids[i : i + protocol.MAX_PROBE_IDS] for i in range(0, len(run_ids), protocol.MAX_PROBE_IDS)]
+        pending = {f"probe-{i}": chunk for i, chunk in enumerate(chunks)}
+        statuses: dict[str, SandboxProbe] = {}
+        try:
+            for ref, chunk in pending.items():
+                ws.send(protocol.encode(protocol.ProbeRuns(ids=chunk, ref=ref)))
+            deadline = time.monotonic() + self.probe_timeout_s
+            while pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                ws.settimeout(remaining)
+                try:
+                    frame = protocol.decode(ws.recv())
+                except (protocol.ProtocolError, UnicodeDecodeError):
+                    continue
+                if isinstance(frame, protocol.RunStatus) and frame.ref in pending:
+                    for run_id in pending.pop(frame.ref):
+                        item = frame.statuses.get(run_id)
+                        if not isinstance(item, dict) or item.get("status") not in protocol.RUN_STATUSES:
+                            # Not named, or a status of a newer host we cannot read: it
+                            # proves nothing, so this run is left out (untouched).
+                            continue
+                        code = item.get("exit_code")
+                        statuses[run_id] = SandboxProbe(item["status"], code if isinstance(code, int) else None)
+                elif isinstance(frame, protocol.Error) and frame.id is None:
+                    return None  # e.g. unknown_type: a host of a release without runs
+        except (OSError, websocket.WebSocketException):
+            return None
+        return statuses
 
     def _launch_on(self, url: str, request: LaunchRequest) -> LaunchAck:
         ws, auth_ok = self._connect(url)
@@ -133,16 +224,21 @@ class WebSocketLaunchDriver:
         finally:
             ws.close()
 
-    def _connect(self, url: str) -> tuple[websocket.WebSocket, protocol.AuthOk]:
-        """Connected and authenticated, or ``_TryElsewhere``: nothing about the run was sent."""
+    def _connect(self, url: str, *, any_isolation: bool = False) -> tuple[websocket.WebSocket, protocol.AuthOk]:
+        """Connected and authenticated, or ``_TryElsewhere``: nothing about the run was sent.
+        ``any_isolation``: a probe sends nothing secret and must see every host that may
+        hold runs, whatever its level (a run is never launched below the level anyway)."""
         try:
-            ws = websocket.create_connection(url, timeout=self.connect_timeout_s)
+            # The library's UTF-8 check is pure Python (most of a 10,000-run probe's
+            # time); a text frame is still decoded strictly by ``recv``, so a bad byte
+            # raises UnicodeDecodeError there, which callers treat as an unreadable frame.
+            ws = websocket.create_connection(url, timeout=self.connect_timeout_s, skip_utf8_validation=True)
         except (OSError, websocket.WebSocketException) as exc:
             raise _TryElsewhere(f"connect: {type(exc).__name__}") from None
         try:
             ws.send(protocol.encode(protocol.Auth(token=self.token, client=f"launcher pid={os.getpid()}")))
             reply = protocol.decode(ws.recv())
-        except (OSError, websocket.WebSocketException, protocol.ProtocolError) as exc:
+        except (OSError, websocket.WebSocketException, protocol.ProtocolError, UnicodeDecodeError) as exc:
             ws.close()
             raise _TryElsewhere(f"auth: {type(exc).__name__}") from None
         if not isinstance(reply, protocol.AuthOk):
@@ -150,7 +246,7 @@ class WebSocketLaunchDriver:
             raise _TryElsewhere(f"auth refused: {getattr(reply, 'code', reply.type)}")
         # A run's sandbox holds its key and job: never on a host below the required level.
         refusal = protocol.isolation_refusal(reply.isolation, self.required_isolation)
-        if refusal:
+        if refusal and not any_isolation:
             ws.close()
             raise _TryElsewhere(f"host {reply.host_id}: {refusal}")
         return ws, reply
@@ -166,7 +262,7 @@ class WebSocketLaunchDriver:
                 frame = protocol.decode(ws.recv())
             except (OSError, websocket.WebSocketException) as exc:
                 raise LaunchUnavailable(f"connection lost awaiting the launch: {type(exc).__name__}") from None
-            except protocol.ProtocolError:
+            except (protocol.ProtocolError, UnicodeDecodeError):
                 continue  # a frame of a newer host we cannot read: not our answer
             if isinstance(frame, protocol.RunLaunched) and frame.id == run_id:
                 return LaunchAck(host_id=host_id, already_launched=frame.already)

@@ -4,7 +4,8 @@ The task calls ``launch_on_host``; a driver carries the request to a host. The r
 driver is ``host_driver.WebSocketLaunchDriver`` (the sandbox hosts' protocol), chosen
 by default when ``HOLDFAST_SANDBOX_URL`` and ``HOLDFAST_SANDBOX_TOKEN`` are set;
 ``HOLDFAST_RUNS_LAUNCH_DRIVER`` names another (tests inject fakes that way, or with
-``set_driver`` for exact interleavings).
+``set_driver`` for exact interleavings). Reconcile probes hosts through the same
+driver (``probe_hosts``), so a probe reaches hosts exactly as a launch does.
 
 Host contract (what any driver must guarantee):
 - A launch starts ``python -m runner`` detached in its own sandbox (the isolation of
@@ -65,8 +66,31 @@ class LaunchAck:
     already_launched: bool = False
 
 
+@dataclass(frozen=True)
+class SandboxProbe:
+    """What a host said of one run's sandbox (docs/protocol.md, ``run_status``)."""
+
+    # running | exited | unknown (this host has no record of the run)
+    status: str
+    exit_code: int | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.status == "running"
+
+
 class LaunchDriver(Protocol):
     def launch(self, request: LaunchRequest) -> LaunchAck: ...
+
+
+class SandboxProber(Protocol):
+    """The reconcile side of a driver: one batched probe per host.
+
+    ``probe({host_id: [run ids]})`` answers ``{host_id: {run id: SandboxProbe}}`` for
+    the hosts that answered for all their ids; a host missing from the answer did not
+    answer (unreachable, timed out, an older release): its runs are left untouched."""
+
+    def probe(self, run_ids_by_host: dict[str, list[str]]) -> dict[str, dict[str, SandboxProbe]]: ...
 
 
 _override: LaunchDriver | None = None
@@ -97,7 +121,15 @@ def launch_on_host(run_id: str, launch_key: str, control_plane_url: str) -> Laun
     return get_driver().launch(LaunchRequest(run_id, launch_key, control_plane_url))
 
 
-def stop_on_host(run_id: str, host_id: str) -> bool:
+def probe_hosts(run_ids_by_host: dict[str, list[str]], driver: object | None = None) -> dict[str, dict]:
+    """One batched probe per host through ``driver`` (default: the launch driver, so
+    reconcile asks the hosts exactly the way launches reach them). A driver without
+    ``probe`` knows no host: every host counts as silent."""
+    probe = getattr(driver if driver is not None else get_driver(), "probe", None)
+    return probe(run_ids_by_host) if probe is not None else {}
+
+
+def stop_on_host(run_id: str, host_id: str, driver: object | None = None) -> bool:
     """Kill the run's sandbox where the driver can (a driver without ``stop`` cannot)."""
-    stop = getattr(get_driver(), "stop", None)
+    stop = getattr(driver if driver is not None else get_driver(), "stop", None)
     return bool(stop(run_id, host_id)) if stop is not None else False

@@ -13,6 +13,7 @@ job's injected environment until the run ends, when it is wiped with the keys re
 from __future__ import annotations
 
 import uuid
+from enum import StrEnum
 
 from django.db import models
 
@@ -28,6 +29,8 @@ class RunStatus(models.TextChoices):
 
 
 LIVE_STATUSES = (RunStatus.QUEUED, RunStatus.PROVISIONING, RunStatus.RUNNING)
+# Runs whose sandbox a host may hold: the ones reconcile probes.
+PROBED_STATUSES = (RunStatus.PROVISIONING, RunStatus.RUNNING)
 TERMINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.INTERRUPTED)
 
 
@@ -51,8 +54,19 @@ class Run(models.Model):
     error = models.TextField(blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)
     summary = models.JSONField(default=dict, blank=True)
-    # Sandbox bookkeeping for reconcile (e.g. {"lossObservedAt": ...}).
-    sandbox = models.JSONField(default=dict, blank=True)
+    # What the launch driver named the sandbox (informational; the host knows it by run id).
+    sandbox_ref = models.CharField(max_length=200, blank=True, default="")
+    # When reconcile first saw this run's sandbox exited or unknown on its host; cleared
+    # when a probe sees it alive. The run fails only once the loss outlives the grace
+    # (reconcile.py). Every write to it compare-and-sets against the value its writer
+    # read. Indexed: a tick looks runs up by it.
+    loss_observed_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # When the deadline path republished this run's launch (a lost Celery message): set
+    # once, so a run is relaunched at most once before it fails as launch_lost.
+    relaunched_at = models.DateTimeField(null=True, blank=True)
+    # Where the outbound progress notification goes on every terminal transition
+    # (notifications.py); set at creation, empty for none.
+    callback_url = models.CharField(max_length=2000, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     provisioned_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -67,6 +81,43 @@ class Run(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+
+class FailureReason(StrEnum):
+    """Why the control plane (not the runner) failed a run: the ``error`` text starts with it."""
+
+    # The host reported the sandbox exited or unknown for longer than the loss grace.
+    SANDBOX_LOST = "sandbox_lost"
+    # Still queued or provisioning past the launch deadline after one relaunch.
+    LAUNCH_LOST = "launch_lost"
+    # Still running past the job's timeout plus the margin.
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+
+
+class RunNotification(models.Model):
+    """One outbound progress notification: at most one per (run, terminal status).
+
+    Written in the transaction that claims the terminal transition, so a lost claim
+    writes none; delivered by ``tasks.deliver_notification`` (notifications.py)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="notifications")
+    status = models.CharField(max_length=16, choices=RunStatus.choices)
+    url = models.CharField(max_length=2000)
+    attempts = models.IntegerField(default=0)
+    # A sender holds the notification until this time: a redelivered task does not POST
+    # it a second time while the first is in flight.
+    lease_until = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    # Set when the attempts ran out; nothing sends it again.
+    abandoned_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "status"], name="runs_notification_once")]
+
+    def __str__(self) -> str:
+        return f"notification {self.run_id}:{self.status}"
 
 
 class RunEvent(models.Model):

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
-from . import actions, launcher
+from . import actions, launcher, notifications, reconcile
 from .models import Run, RunStatus
 
 log = logging.getLogger("holdfast.runs")
@@ -48,7 +48,7 @@ def launch_run(self, run_id: str) -> None:
         return
     # Record where it landed; only the first launch writes (a relaunch finds it set).
     Run.objects.filter(pk=run_id, host_id="", status__in=(RunStatus.PROVISIONING, RunStatus.RUNNING)).update(
-        host_id=ack.host_id, sandbox={"ref": ack.sandbox_ref}
+        host_id=ack.host_id, sandbox_ref=ack.sandbox_ref
     )
     log.info(
         "event=run_launched run_id=%s host_id=%s relaunch=%s already_launched=%s",
@@ -80,3 +80,19 @@ def stop_run_sandbox(self, run_id: str) -> None:
     if not stopped:
         log.warning("event=run_stop_unconfirmed run_id=%s host_id=%s", run_id, host_id)
         raise self.retry(countdown=settings.RUNS_LAUNCH_RETRY_DELAY_S)
+
+
+@shared_task(name="controlplane.runs.tasks.reconcile_runs", ignore_result=True)
+def reconcile_runs() -> None:
+    """One reconcile tick (beat, every HOLDFAST_RECONCILE_INTERVAL_S). Two that overlap
+    are harmless: every write compare-and-sets against what its tick read."""
+    reconcile.tick()
+
+
+@shared_task(name="controlplane.runs.tasks.deliver_notification", bind=True, acks_late=True, max_retries=None)
+def deliver_notification(self, notification_id: int) -> None:
+    """POST one progress notification; retried with backoff until delivered or the
+    attempts (counted on its row, not by Celery) run out."""
+    attempt = notifications.deliver(notification_id)
+    if attempt.retry_in_s is not None:
+        raise self.retry(countdown=attempt.retry_in_s)

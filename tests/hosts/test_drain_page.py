@@ -155,6 +155,32 @@ def test_workers_register_hosts_they_hold_connections_to():
     assert row.host_id == "fresh-host" and row.last_seen_at is not None and "w1 pid=1" in row.notes
 
 
+def test_the_page_shows_live_runs_per_host_and_a_host_silent_to_reconcile_probes(client):
+    """Reconcile leaves a silent host's runs untouched, so its silence shows here, next to
+    how many live runs each host still holds (a draining host keeps its run sandboxes)."""
+    from controlplane.hosts import probe_log
+    from controlplane.runs import reconcile
+    from tests.reconcile.conftest import running_on
+    from tests.reconcile.fake_driver import FakeProbeDriverForInterleavings
+
+    cache.delete(probe_log.KEY)
+    staff(client)
+    SandboxHost.objects.create(name="h1", host_id="h1", state=State.DRAINING, drained_by=DrainSource.OPERATOR)
+    on_h1 = [running_on("h1") for _ in range(2)]
+    running_on("h-quiet")
+    driver = FakeProbeDriverForInterleavings({"h1": {p.run_id: "running" for p in on_h1}}, silent=("h-quiet",))
+    assert reconcile.tick(driver=driver).silent_hosts == ["h-quiet"]
+
+    data = client.get(URL + "?format=json").json()
+    hosts = {h["name"]: h for h in data["hosts"]}
+    assert hosts["h1"]["live_runs"] == 2 and hosts["h1"]["probe_silent_since"] is None
+    assert hosts["h1"]["probe_last_answer_at"] is not None
+    quiet = hosts["h-quiet"]
+    assert quiet["live_runs"] == 1 and quiet["registered"] is False and quiet["probe_silent_since"] is not None
+    assert 'data-field="live_runs"' in data["html"] and "silent for" in data["html"]
+    cache.delete(probe_log.KEY)
+
+
 def test_the_page_and_the_admin_show_each_hosts_isolation(client):
     staff(client)
     publish("w1 pid=1", [conn("h1"), conn("h2", isolation="insecure-shared-uid")])

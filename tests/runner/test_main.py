@@ -126,3 +126,46 @@ def test_python_m_runner_refuses_arguments_and_missing_inputs(args: tuple[str, .
     done = _python_m_runner({"HOLDFAST_RUN_ID": "7"}, *args)
     assert done.returncode == 2
     assert RUN_KEY not in done.stderr
+
+
+def _undeliverable_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("runner: undeliverable ")]
+
+
+def test_a_hello_that_never_succeeds_leaves_one_breadcrumb_and_exits_1_without_a_traceback() -> None:
+    plane = ControlPlane({"kind": "shell", "command": "true", "timeout_s": 30, "secrets": {}})
+    with scripted_server(plane) as server:
+        done = _python_m_runner(
+            {"HOLDFAST_RUN_ID": "7", "HOLDFAST_RUN_KEY": "wrong-" + RUN_KEY, "HOLDFAST_CONTROL_PLANE_URL": server.url}
+        )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = _undeliverable_lines(done.stderr)
+    assert 'run_id="7"' in line and 'endpoint="hello"' in line and "attempts=1" in line
+    assert RUN_KEY not in done.stderr
+
+
+def test_a_result_that_cannot_be_delivered_leaves_one_breadcrumb_with_its_attempted_status() -> None:
+    job = {"kind": "shell", "command": "echo done", "timeout_s": 30, "secrets": {"API_TOKEN": "tok-secret-value-9"}}
+    plane = ControlPlane(job, result=Reply(400, {"error": {"code": "bad_request", "message": "tok-secret-value-9"}}))
+    with scripted_server(plane) as server:
+        done = _python_m_runner(
+            {"HOLDFAST_RUN_ID": "7", "HOLDFAST_RUN_KEY": RUN_KEY, "HOLDFAST_CONTROL_PLANE_URL": server.url}
+        )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = _undeliverable_lines(done.stderr)
+    assert 'endpoint="result"' in line and 'attempted_status="succeeded"' in line and 'reason="ServerRejected"' in line
+    assert RUN_KEY not in done.stderr and SESSION not in done.stderr and "tok-secret-value-9" not in done.stderr
+
+
+def test_an_outage_past_the_budget_names_its_attempt_count() -> None:
+    from runner.main import Undeliverable, breadcrumb
+    from runner.transport import OutageExceeded
+
+    failure = Undeliverable.from_transport(OutageExceeded("result", 23, "connect: ConnectionRefusedError"), "failed")
+    line = breadcrumb("run-1", failure)
+    assert line == (
+        'runner: undeliverable attempted_status="failed" attempts=23 endpoint="result" reason="OutageExceeded" '
+        'run_id="run-1"'
+    )

@@ -50,7 +50,7 @@ def test_create_run_command_dispatches_on_commit_and_the_host_gets_a_working_key
     launched = json.loads(record.read_text())
     assert launched["url"] == "http://127.0.0.1:9/cp"
     run = Run.objects.get(pk=run_id)
-    assert run.status == RunStatus.PROVISIONING and run.sandbox == {"ref": f"sbx-{run_id}"}
+    assert run.status == RunStatus.PROVISIONING and run.sandbox_ref == f"sbx-{run_id}"
     hello = RunnerCalls(client, run_id).post("hello", {"instance_id": "i-1"}, token=launched["key"])
     assert hello.status_code == 200
     assert launched["key"] not in worker.output() and "abcdefghijk" not in worker.output()

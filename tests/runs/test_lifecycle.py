@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from django.db.models import Q
 
@@ -75,13 +77,14 @@ def test_the_session_token_does_not_open_hello_and_the_launch_key_opens_nothing_
 
 def test_fail_run_with_a_stale_guard_claims_nothing_and_keeps_the_keys(running):
     run_id = running.run_id
-    Run.objects.filter(pk=run_id).update(sandbox={"lossObservedAt": "2026-01-01T00:00:00Z"})
+    stamp, older = datetime(2026, 1, 1, tzinfo=UTC), datetime(2025, 12, 31, tzinfo=UTC)
+    Run.objects.filter(pk=run_id).update(loss_observed_at=stamp)
     # The tick read an older stamp; the row moved on since, so the claim must not land.
-    assert actions.fail_run(run_id, "sandbox_lost", guard=Q(sandbox__lossObservedAt="2025-12-31T00:00:00Z")) is False
+    assert actions.fail_run(run_id, "sandbox_lost", guard=Q(loss_observed_at=older)) is False
     run = Run.objects.get(pk=run_id)
     assert run.status == RunStatus.RUNNING and run.key_revoked_at is None
     assert running.get("bundle").status_code == 200
-    assert actions.fail_run(run_id, "sandbox_lost", guard=Q(sandbox__lossObservedAt="2026-01-01T00:00:00Z")) is True
+    assert actions.fail_run(run_id, "sandbox_lost", guard=Q(loss_observed_at=stamp)) is True
     assert Run.objects.get(pk=run_id).status == RunStatus.FAILED
 
 

@@ -6,7 +6,9 @@ that within one publish interval and retires its connections to the host now rat
 at max age (and, where the pool dials hosts directly, stops dialing it). Executions
 already running there finish; new ones go elsewhere. The command watches the workers'
 snapshots and the database, shows one progress line updated in place, and prints a
-summary. Exit status 0 when the host is empty, 1 on timeout (or an unknown host).
+summary, including how many live runs the host still holds (run sandboxes keep running
+through a drain and a restart; the drain does not wait on them). Exit status 0 when no
+execution is left, 1 on timeout (or an unknown host).
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ from controlplane.hosts import actions, snapshots
 from controlplane.hosts.models import SandboxHost
 
 log = logging.getLogger("holdfast.hosts")
+
+
+def live_runs_on(host_id: str) -> int:
+    from controlplane.runs.models import LIVE_STATUSES, Run
+
+    return Run.objects.filter(host_id=host_id, status__in=LIVE_STATUSES).count()
+
 
 POLL_S = 0.5  # the snapshots change every publish interval (2 s); twice as often is enough
 BAR_WIDTH = 20
@@ -83,10 +92,15 @@ class Command(BaseCommand):
             time.sleep(POLL_S)
         self.stdout.write("")
         finished = Execution.objects.filter(host_id=host_id, finished_at__gte=drain_started_at).count()
+        live_runs = live_runs_on(host_id)
         outcome = "empty" if done else "timeout"
+        # Run sandboxes outlive a drain on purpose (the host leaves them running on
+        # SIGTERM and a restart with the same id and state dir re-adopts them), so the
+        # drain does not wait on them; the operator sees how many are still there.
         summary = (
             f"{row.name}: {outcome} after {elapsed:.1f} s; connections retired {sum(retired.values())}; "
-            f"executions finished during the drain {finished}; still in flight {in_flight}"
+            f"executions finished during the drain {finished}; still in flight {in_flight}; "
+            f"live runs still on it {live_runs}"
         )
         log.info(
             "event=drain_finished host=%s host_id=%s source=operator outcome=%s elapsed_s=%.1f "

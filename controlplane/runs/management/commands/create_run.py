@@ -1,4 +1,5 @@
-"""manage.py create_run [--owner X] (--shell CMD | --python-file F) [--input k=v] [--secret NAME=VALUE] [--timeout S]"""
+"""manage.py create_run [--owner X] (--shell CMD | --python-file F) [--input k=v] [--secret NAME=VALUE]
+[--timeout S] [--callback-url URL]"""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class Command(BaseCommand):
         # Secrets reach the job's environment only; they are never printed back.
         parser.add_argument("--secret", action="append", default=[], metavar="NAME=VALUE")
         parser.add_argument("--timeout", type=int, help="wall-clock limit in seconds")
+        # Receives a signed POST on every terminal transition (docs/operations.md).
+        parser.add_argument("--callback-url", default="", help="where to POST the run's progress notifications")
 
     def handle(self, *args: object, **options: object) -> None:
         if options["shell"] is not None:
@@ -50,7 +53,9 @@ class Command(BaseCommand):
             job["timeout_s"] = options["timeout"]
         try:
             with transaction.atomic():
-                run = actions.create_run(options["owner"], job, _pairs(options["secret"], "--secret"))
+                run = actions.create_run(
+                    options["owner"], job, _pairs(options["secret"], "--secret"), callback_url=options["callback_url"]
+                )
                 enqueue_launch(run.id)
         except RunsError as exc:
             raise CommandError(exc.message) from None

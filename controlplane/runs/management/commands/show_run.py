@@ -27,6 +27,10 @@ class Command(BaseCommand):
         out.write(f"owner     {run.owner}")
         out.write(f"status    {run.status}")
         out.write(f"job       {run.job.get('kind')} timeout={run.job.get('timeout_s')}s")
+        if run.host_id:
+            out.write(f"host      {run.host_id}")
+        if run.loss_observed_at and not run.is_terminal:
+            out.write(f"loss      sandbox seen exited or unknown since {run.loss_observed_at.isoformat()}")
         if run.is_terminal:
             out.write(f"exit_code {run.exit_code}")
             if run.error:
@@ -36,6 +40,9 @@ class Command(BaseCommand):
         if receipt is not None:
             state = "verified" if verify_receipt(receipt) else "BROKEN"
             out.write(f"receipt   {receipt.sha256} ({state}, #{receipt.chain_index} of {receipt.owner})")
+        for note in run.notifications.order_by("id"):
+            state = "delivered" if note.delivered_at else "abandoned" if note.abandoned_at else "pending"
+            out.write(f"notified  {note.status}: {state} after {note.attempts} attempt(s)")
         out.write("events")
         for event in run.events.order_by("seq").iterator():
             out.write(f"  {event.seq:>6} {event.ts.isoformat()} {event.type} {json.dumps(event.data, sort_keys=True)}")
