@@ -130,7 +130,14 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "controlplane.urls"
+# What this web process serves: "all" (the admin and the runner API), or "runner-api"
+# (only the runner API: the process HOLDFAST_CONTROL_PLANE_URL should name, since a
+# run's relay carries its job to whatever that address serves; controlplane/runner_urls.py).
+WEB_ROLES = {"all": "controlplane.urls", "runner-api": "controlplane.runner_urls"}
+WEB_ROLE = env_str("HOLDFAST_WEB_ROLE", "all")
+if WEB_ROLE not in WEB_ROLES:
+    raise ImproperlyConfigured(f"HOLDFAST_WEB_ROLE must be one of {', '.join(WEB_ROLES)}; got {WEB_ROLE!r}")
+ROOT_URLCONF = WEB_ROLES[WEB_ROLE]
 WSGI_APPLICATION = "controlplane.wsgi.application"
 
 TEMPLATES = [

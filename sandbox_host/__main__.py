@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--isolation",
         default="auto",
-        choices=["auto", "bwrap", "insecure-shared-uid", "insecure-rlimits"],
+        choices=["auto", "bwrap", "insecure-shared-uid", "insecure-rlimits"],  # --insecure-shared-dir: its own level
         help="auto and bwrap: the full sandbox (bubblewrap, root), or refuse to start; the insecure-* levels "
         "give user code less containment and are never chosen unless named here (docs/operations.md)",
     )
@@ -139,9 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if isolation.name in WARNINGS:
         print(f"holdfast-host: WARNING --isolation {isolation.name}: {WARNINGS[isolation.name]}", file=sys.stderr)
-    if isolation.shared_dir:
-        warning = f"--insecure-shared-dir {isolation.shared_dir}: every sandbox can read and write it"
-        print(f"holdfast-host: WARNING {warning}", file=sys.stderr)
     sweep_leftovers(isolation, log)
     listener = socket.create_server(args.listen, backlog=128)
     address, port = listener.getsockname()[:2]

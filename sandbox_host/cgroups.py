@@ -28,6 +28,11 @@ from dataclasses import dataclass
 
 ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("memory", "pids")
+# Used where mounted: caps how much CPU one sandbox may burn at once, so a run or a
+# snippet spinning 64 processes cannot starve its neighbours on the host.
+OPTIONAL_CONTROLLERS = ("cpu",)
+# The scheduler period the CPU quota is expressed in (microseconds; the kernel's default).
+CPU_PERIOD_US = 100_000
 
 
 @dataclass(frozen=True)
@@ -36,23 +41,29 @@ class Cgroups:
 
     version: str  # "v2", "v1" or "" (none)
     parents: dict[str, str]
+    # v2 only: whether the cpu controller is enabled for our tree (v1: "cpu" in parents).
+    cpu_v2: bool = False
 
     @property
     def enabled(self) -> bool:
         return bool(self.parents)
 
+    @property
+    def cpu(self) -> bool:
+        return "cpu" in self.parents or (self.version == "v2" and self.cpu_v2)
+
     def bounds(self) -> dict[str, str]:
-        """What bounds memory and processes of a sandbox as a whole, for the start-up
-        log and ``auth_ok``."""
+        """What bounds memory, processes and CPU of a sandbox as a whole, for the
+        start-up log and ``auth_ok``."""
         source = f"cgroup-{self.version}" if self.enabled else "rlimit"
-        return {"memory": source, "processes": source}
+        return {"memory": source, "processes": source, "cpu_rate": source if self.cpu else "none"}
 
     def paths(self, name: str) -> dict[str, str]:
         if self.version == "v2":
             return {"unified": os.path.join(self.parents["unified"], name)}
         return {controller: os.path.join(parent, name) for controller, parent in self.parents.items()}
 
-    def create(self, name: str, *, memory_bytes: int, max_processes: int) -> list[str]:
+    def create(self, name: str, *, memory_bytes: int, max_processes: int, cpus: float = 1.0) -> list[str]:
         """Make (or reset) the groups for ``name`` and return the ``cgroup.procs`` files
         the sandbox must join. Raises OSError if the kernel refuses."""
         if not self.enabled:
@@ -61,10 +72,16 @@ class Cgroups:
         joins = []
         for controller, path in self.paths(name).items():
             os.mkdir(path, 0o755)
+            quota = str(max(1000, int(cpus * CPU_PERIOD_US)))
             if self.version == "v2":
                 _write(path, "memory.max", str(memory_bytes))
                 _write(path, "memory.swap.max", "0", optional=True)
                 _write(path, "pids.max", str(max_processes))
+                if self.cpu_v2:
+                    _write(path, "cpu.max", f"{quota} {CPU_PERIOD_US}")
+            elif controller == "cpu":
+                _write(path, "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                _write(path, "cpu.cfs_quota_us", quota)
             elif controller == "memory":
                 _write(path, "memory.limit_in_bytes", str(memory_bytes))
                 # With swap accounting, swap counts too: a sandbox must not page its way out.
@@ -157,20 +174,22 @@ def detect() -> tuple[Cgroups, str]:
     if os.geteuid() != 0:
         return Cgroups("", {}), "the host is not root"
     candidates: list[tuple[str, dict[str, str]]] = []
+    reasons = []
     if os.path.exists(os.path.join(ROOT, "cgroup.controllers")):  # a pure v2 mount
-        own = _own_group(None) or "/"
-        candidates.append(("v2", {"unified": _v2_parent(own)}))
+        try:
+            candidates.append(("v2", {"unified": _v2_parent()}))
+        except OSError as exc:
+            reasons.append(f"v2: {exc.strerror or exc}")
     v1 = {}
-    for controller in CONTROLLERS:
+    for controller in CONTROLLERS + OPTIONAL_CONTROLLERS:
         mount = os.path.join(ROOT, controller)
         own = _own_group(controller)
-        if own is not None and os.path.isdir(mount):
+        if own is not None and os.path.isfile(os.path.join(mount + own, "cgroup.procs")):
             v1[controller] = os.path.normpath(mount + own)
-    if len(v1) == len(CONTROLLERS):
+    if all(controller in v1 for controller in CONTROLLERS):
         candidates.append(("v1", v1))
-    reasons = []
     for version, parents in candidates:
-        groups = Cgroups(version, parents)
+        groups = Cgroups(version, parents, cpu_v2=version == "v2" and _v2_has_cpu(parents["unified"]))
         name = f"holdfast-probe-{os.getpid()}"
         try:
             groups.create(name, memory_bytes=64 * 1024 * 1024, max_processes=8)
@@ -183,14 +202,20 @@ def detect() -> tuple[Cgroups, str]:
     return Cgroups("", {}), "; ".join(reasons) or "no memory and pids controllers are mounted"
 
 
-def _v2_parent(own: str) -> str:
+def _v2_parent() -> str:
     """v2 forbids processes in a group whose children have controllers ("no internal
     processes"), so sandboxes go in a sibling tree, ``holdfast`` under the root, with
     the controllers enabled on the way down."""
-    del own
     parent = os.path.join(ROOT, "holdfast")
     os.makedirs(parent, exist_ok=True)
     for directory in (ROOT, parent):
-        with contextlib.suppress(OSError):
-            _write(directory, "cgroup.subtree_control", "+memory +pids")
+        for controller in (*CONTROLLERS, *OPTIONAL_CONTROLLERS):
+            with contextlib.suppress(OSError):
+                _write(directory, "cgroup.subtree_control", f"+{controller}")
     return parent
+
+
+def _v2_has_cpu(parent: str) -> bool:
+    with contextlib.suppress(OSError), open(os.path.join(parent, "cgroup.subtree_control")) as fh:
+        return "cpu" in fh.read().split()
+    return False

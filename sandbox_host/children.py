@@ -111,6 +111,7 @@ class Child:
                     self.cgroup,
                     memory_bytes=self.limits.memory_mb * 1024 * 1024,
                     max_processes=self.limits.max_processes,
+                    cpus=defaults.DEFAULT_EXECUTION_CPUS,
                 )
             command, args_fd = sandbox.hide_arguments(
                 self.isolation.command(

@@ -25,6 +25,11 @@ DEFAULT_POLL_INTERVAL_S = 0.1
 DEFAULT_PIPE_DRAIN_S = 1.0
 # The start-up isolation probe runs one trivial child for at most this long.
 DEFAULT_PROBE_TIMEOUT_S = 10.0
+# An exited run's record, log and status file are kept this long, then removed (at
+# start-up and at most hourly on a launch). The control plane finishes with a run long
+# before (reconcile, receipts); a week leaves room to read a log after an incident.
+DEFAULT_RUN_RECORD_RETENTION_S = 7 * 24 * 3600
+DEFAULT_RUN_PRUNE_INTERVAL_S = 3600
 # CPU seconds a run's processes may each use (RLIMIT_CPU). Runs last hours; the job's own
 # wall clock (at most a day, the control plane's RUNS_MAX_TIMEOUT_S) is enforced by the
 # runner, and this is the backstop for a runner that loses track: a day and an hour.
@@ -73,6 +78,11 @@ DEFAULT_SCRATCH_BYTES = 64 * 1024 * 1024
 # Writable space of one run's sandbox: a job that builds or downloads needs more than a
 # snippet, and still must not fill the machine.
 DEFAULT_RUN_SCRATCH_BYTES = 512 * 1024 * 1024
+# CPUs one sandbox may keep busy at once (a cgroup CPU quota where the host has the cpu
+# controller): one, so a snippet or a job spinning many processes slows itself, not
+# its neighbours. Its total CPU time is then bounded by its wall clock.
+DEFAULT_EXECUTION_CPUS = 1.0
+DEFAULT_RUN_CPUS = 1.0
 # Connections a run's relay carries at once (the runner's calls are sequential plus one
 # long poll; more is a job hammering the control plane through it).
 DEFAULT_RELAY_MAX_CONNECTIONS = 16

@@ -15,6 +15,9 @@ Levels, strongest first (``LEVELS`` is weakest first, for comparisons):
   there is no other uid to give user code: it runs in a user namespace mapped to the
   host's own uid, so a kernel escape would own the host user's files. Only by explicit
   request.
+* ``insecure-shared-dir``: the full sandbox, except that one host directory is bound
+  read-write into every sandbox (``--insecure-shared-dir``, for test harnesses that
+  count what ran): every tenant can read and write what the others leave there.
 * ``insecure-rlimits``: no sandbox at all, only rlimits, an empty environment and (as
   root) the slot's uid. User code shares the host's network and filesystem. For a
   developer machine without bubblewrap, only by explicit request.
@@ -36,11 +39,12 @@ from . import cgroups as cgroups_mod
 from . import defaults, protocol, sandbox, seccomp_policy, uids
 from .children import Child, ChildError, Limits
 
-RLIMITS, SHARED_UID, FULL = protocol.ISOLATION_LEVELS  # weakest first
+RLIMITS, SHARED_UID, SHARED_DIR, FULL = protocol.ISOLATION_LEVELS  # weakest first
 LEVELS = protocol.ISOLATION_LEVELS
 # What each explicit, weaker level gives up, said at start-up and in every auth_ok.
 WARNINGS = {
     SHARED_UID: "user code runs under the host's own uid in a user namespace: an escape owns the host user's files",
+    SHARED_DIR: "every sandbox can read and write one shared host directory (for test harnesses only)",
     RLIMITS: "user code is NOT sandboxed: it shares the host's network, filesystem and kernel surface",
 }
 
@@ -260,7 +264,12 @@ def probe(
     level = FULL if require in (None, "auto") else require
     isolation = build(level, uid_base=uid_base, scratch_bytes=scratch_bytes or defaults.DEFAULT_SCRATCH_BYTES)
     if shared_dir:
-        isolation = dataclasses.replace(isolation, shared_dir=os.path.realpath(shared_dir))
+        if not isolation.sandboxed:
+            raise RuntimeError("--insecure-shared-dir needs a sandbox to bind it into")
+        # Reported as a level of its own, below the full one: a pool that requires the
+        # full sandbox must not send work to a host whose tenants share a directory.
+        name = SHARED_DIR if level == FULL else level
+        isolation = dataclasses.replace(isolation, name=name, shared_dir=os.path.realpath(shared_dir))
     ok, why = works(isolation)
     if not ok:
         log("isolation_unavailable", isolation=level, reason=why)

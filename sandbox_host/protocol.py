@@ -62,7 +62,7 @@ RUN_STATUSES = frozenset({"running", "exited", "unknown"})
 # Containment levels a host reports in ``auth_ok``, weakest first (``sandbox_host.isolation``
 # says what each gives). An empty or unknown level (a host of an older release) ranks
 # below all of them.
-ISOLATION_LEVELS = ("insecure-rlimits", "insecure-shared-uid", "bwrap")
+ISOLATION_LEVELS = ("insecure-rlimits", "insecure-shared-uid", "insecure-shared-dir", "bwrap")
 FULL_ISOLATION = "bwrap"
 
 # Error codes the host may put in an ``error`` frame.

@@ -70,6 +70,10 @@ RELAY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py"
 SANDBOX_LIB = f"{sandbox.HOLDFAST_DIR}/lib"
 SANDBOX_SOCK_DIR = f"{sandbox.HOLDFAST_DIR}/sock"
 SOCKET_NAME = "api.sock"
+# The runner's interpreter flags. -s: no user site; -B: its package is a read-only bind;
+# -P: the working directory (/tmp, which the job writes) is never on the runner's path,
+# or a job could plant a module that the key-holding runner imports later.
+RUNNER_FLAGS = ("-s", "-B", "-P")
 
 
 def default_state_dir(host_id: str) -> str:
@@ -107,11 +111,14 @@ class RunSandboxes:
         os.chmod(state_dir, 0o700)
         # Only root may claim uids for runs; a non-root host keeps its own (see isolation).
         self._root = isolation.uid_base is not None
+        self._next_prune = 0.0
 
     # --- the three operations ----------------------------------------------------
 
     def launch(self, frame: protocol.LaunchRun) -> protocol.Frame:
         run_id = frame.id
+        if time.monotonic() >= self._next_prune:
+            self.prune()
         with self._locked():
             if self._read(run_id) is not None:
                 log("run_launch_repeated", id=run_id)
@@ -183,6 +190,7 @@ class RunSandboxes:
                     code = self._status_exit_code(run_id) if record.get("pid") is not None else None
                     statuses[run_id] = {"status": "exited", "exit_code": code}
                     record["exit_code"] = code
+                    record["finished_at"] = time.time()
                     self._write(run_id, record)
                     self._cleanup(record)
         return protocol.RunStatus(statuses=statuses, ref=frame.ref)
@@ -237,7 +245,10 @@ class RunSandboxes:
         cgroup = self._cgroup_name(uid)
         if cgroup:
             joins = self.isolation.cgroups.create(
-                cgroup, memory_bytes=limits.memory_mb * 1024 * 1024, max_processes=limits.max_processes
+                cgroup,
+                memory_bytes=limits.memory_mb * 1024 * 1024,
+                max_processes=limits.max_processes,
+                cpus=defaults.DEFAULT_RUN_CPUS,
             )
         listener = _listen(os.path.join(sock_dir, SOCKET_NAME), uid)
         fds: list[int] = []
@@ -270,8 +281,7 @@ class RunSandboxes:
                     uid=uid,
                     code_fd=None,
                     seccomp_fd=seccomp_fd,
-                    # -s: no user site; -B: the package is a read-only bind.
-                    command=[self.isolation.python, "-s", "-B", "-m", "runner"],
+                    command=[self.isolation.python, *RUNNER_FLAGS, "-m", "runner"],
                     scratch_bytes=limits.scratch_bytes,
                     env=env,
                     die_with_parent=False,  # detached: the run survives its host
@@ -331,9 +341,35 @@ class RunSandboxes:
                         self._restart_relay(record)
                 elif record.get("pid") is not None:
                     record["exit_code"] = self._status_exit_code(record["run_id"])
+                    record["finished_at"] = time.time()
                     self._write(record["run_id"], record)
                     self._cleanup(record)
                     log("run_exited_unwatched", id=record["run_id"], exit_code=record["exit_code"])
+
+    def prune(self, *, now: float | None = None) -> int:
+        """Remove the files of runs that exited more than the retention ago. Returns how
+        many runs it removed. A live run, or one whose exit is recent, is never touched."""
+        now = time.time() if now is None else now
+        self._next_prune = time.monotonic() + defaults.DEFAULT_RUN_PRUNE_INTERVAL_S
+        cutoff = now - defaults.DEFAULT_RUN_RECORD_RETENTION_S
+        removed = 0
+        with self._locked():
+            for name in os.listdir(self._runs_dir):
+                if not name.endswith(".json"):
+                    continue
+                run_id = name[: -len(".json")]
+                record = self._read(run_id)
+                if record is None or "exit_code" not in record:
+                    continue
+                if float(record.get("finished_at") or record.get("launched_at") or now) > cutoff:
+                    continue
+                for suffix in (".log", ".status", ".json"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self._runs_dir, run_id + suffix))
+                removed += 1
+        if removed:
+            log("run_records_pruned", runs=removed)
+        return removed
 
     def _restart_relay(self, record: dict) -> None:
         sock_dir = os.path.join(record["run_dir"], "sock")

@@ -6,7 +6,8 @@ IPC and UTS namespaces, a per-slot unprivileged uid, no_new_privs, no capabiliti
 seccomp filter". What the sandbox sees, and nothing else:
 
     /usr, /bin, /lib*, /sbin     the system's, read-only (symlinks stay symlinks)
-    <interpreter prefix>         read-only, at its own path (a pyenv or /opt Python)
+    <interpreter prefix>         read-only, at its own path (a pyenv or /opt Python),
+                                 its site-packages covered by an empty read-only tmpfs
     /etc/ld.so.cache, localtime  read-only, so the loader and time zones work
     /proc                        a fresh procfs of the sandbox's own PID namespace
     /dev                         read-only: null, zero, random, urandom, fd links
@@ -29,8 +30,10 @@ is loaded by bubblewrap before ``setpriv`` runs.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -63,6 +66,9 @@ class Layout:
     python: str  # the interpreter user code runs in: the same path inside and out
     binds: tuple[str, ...]
     symlinks: tuple[tuple[str, str], ...]  # (target, link)
+    # The interpreter's site-packages dirs, covered by an empty read-only tmpfs: user
+    # code gets the bare interpreter and its standard library, nothing installed beside it.
+    masks: tuple[str, ...] = ()
 
 
 def base_interpreter() -> tuple[str, str]:
@@ -98,7 +104,19 @@ def layout() -> Layout:
     if not any(prefix == d or prefix.startswith(d + "/") for d in binds):
         binds.append(prefix)
     binds.extend(path for path in SYSTEM_FILES if os.path.exists(path))
-    return Layout(bwrap, setpriv, python, tuple(binds), tuple(symlinks))
+    return Layout(bwrap, setpriv, python, tuple(binds), tuple(symlinks), site_packages(python))
+
+
+def site_packages(python: str) -> tuple[str, ...]:
+    """Where ``python`` finds installed packages (existing dirs only). Asked of the
+    interpreter itself: a pyenv build, Debian's and a venv's base all differ."""
+    query = "import json, site; print(json.dumps(site.getsitepackages()))"
+    try:
+        done = subprocess.run([python, "-I", "-c", query], capture_output=True, text=True, timeout=30, check=True)
+        found = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise SandboxUnavailable(f"cannot ask {python} where its packages are ({exc.__class__.__name__})") from None
+    return tuple(os.path.realpath(path) for path in found if os.path.isdir(path))
 
 
 @dataclass(frozen=True)
@@ -166,6 +184,8 @@ def argv(lay: Layout, spec: Spec) -> list[str]:
         args += ["--ro-bind", path, path]
     for target, link in lay.symlinks:
         args += ["--symlink", target, link]
+    for path in lay.masks:
+        args += ["--perms", "0555", "--size", "4096", "--tmpfs", path, "--remount-ro", path]
     args += ["--proc", "/proc"]
     # A minimal /dev of our own: four devices and the fd links, read-only.
     args += ["--perms", "0755", "--size", str(64 * 1024), "--tmpfs", "/dev"]

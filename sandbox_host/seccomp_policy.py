@@ -62,6 +62,10 @@ DENIED: dict[str, tuple[str, ...]] = {
         "io_uring_setup",
         "io_uring_enter",
         "io_uring_register",
+        # Watching shared read-only files tells one sandbox when another opens them.
+        "inotify_init",
+        "inotify_init1",
+        "inotify_add_watch",
     ),
     # Kernel code and the machine itself.
     "machine": (
@@ -104,6 +108,15 @@ CLONE_NAMESPACE_FLAGS = {
     "CLONE_NEWNET": 0x40000000,
     "CLONE_NEWTIME": 0x00000080,
 }
+# Socket families a sandbox may open: its own loopback (inet, inet6), Unix sockets (its
+# namespace's abstract ones, a run's relay socket) and netlink (which interfaces and
+# addresses exist; glibc asks it). Every other family is refused: some are not covered
+# by any namespace (AF_VSOCK reaches the hypervisor and shares one port space with the
+# host), the rest (packet, bluetooth, can, alg, ...) are kernel surface nobody needs.
+ALLOWED_SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+# One past the highest family number the kernel knows (AF_MAX, linux/socket.h, 6.x).
+AF_MAX = 46
+
 # personality(2) may only be queried (0xffffffff): setting it changes how the kernel
 # treats the process (READ_IMPLIES_EXEC, ADDR_NO_RANDOMIZE turns off ASLR for what it
 # executes). The sandbox already runs the default personality, so nothing needs to set it.
@@ -140,6 +153,11 @@ def compile_filter() -> bytes:
                     continue
         for flag in CLONE_NAMESPACE_FLAGS.values():
             flt.add_rule(deny, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+        allowed = set(ALLOWED_SOCKET_FAMILIES.values())
+        for family in range(AF_MAX):
+            if family not in allowed:
+                flt.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.EQ, family))
+        flt.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.GE, AF_MAX))
         # clone3 passes its flags in memory a filter cannot read: make glibc use clone.
         flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
         flt.add_rule(deny, "personality", sc.Arg(0, sc.NE, PERSONALITY_QUERY))

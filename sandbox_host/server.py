@@ -60,6 +60,7 @@ class Host:
             limits=RunLimits(max_runs=settings.max_runs),
         )
         self.runs.adopt()
+        self.runs.prune()
         self.drain_requested = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[Connection] = set()

@@ -13,7 +13,7 @@ import pytest
 from controlplane.sandbox import outcome as texts
 from controlplane.sandbox.outcome import ExecRequest
 from controlplane.sandbox.pool import PoolConfig, SandboxPool
-from tests.support.host import share, start_host
+from tests.support.host import SHARED_LEVEL, share, start_host
 from tests.timing import scaled, wait_until
 
 BASE = PoolConfig(
@@ -158,7 +158,7 @@ def test_execution_dispatched_onto_a_closing_connection_completes_on_a_new_one(s
     the window a max-age retirement or a host close can hit."""
     marker = shared_dir / "ran.txt"
     with start_host(sandbox_token, extra_args=share(shared_dir)) as host:
-        pool = SandboxPool(replace(BASE, url=host.url, token=sandbox_token))
+        pool = SandboxPool(replace(BASE, url=host.url, token=sandbox_token, required_isolation=SHARED_LEVEL))
         real_acquire = pool._acquire
         closed = []
 
@@ -183,7 +183,9 @@ def test_execution_whose_host_is_killed_mid_run_is_interrupted_and_not_rerun(san
     marker = shared_dir / "ran.txt"
     code = f"import time\nopen({str(marker)!r}, 'a').write('ran\\n')\ntime.sleep(30)\n"
     with start_host(sandbox_token, extra_args=share(shared_dir)) as host:
-        pool = SandboxPool(replace(BASE, url=host.url, token=sandbox_token, acquire_timeout_s=2.0))
+        pool = SandboxPool(
+            replace(BASE, url=host.url, token=sandbox_token, acquire_timeout_s=2.0, required_isolation=SHARED_LEVEL)
+        )
         results = []
         runner = threading.Thread(target=lambda: results.append(pool.run(request(code, timeout_s=60))))
         runner.start()
@@ -235,7 +237,7 @@ def test_work_a_draining_host_refuses_moves_to_another_host(sandbox_token, share
         with TcpBalancer() as balancer:
             balancer.add_target("old", ("127.0.0.1", old.port))
             url = f"ws://127.0.0.1:{balancer.address[1]}"
-            pool = SandboxPool(replace(BASE, url=url, token=sandbox_token))
+            pool = SandboxPool(replace(BASE, url=url, token=sandbox_token, required_isolation=SHARED_LEVEL))
             try:
                 held = []
                 t = threading.Thread(

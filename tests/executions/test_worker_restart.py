@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.host import share, start_host
+from tests.support.host import SHARED_LEVEL, share, start_host
 from tests.support.worker import start_worker
 from tests.timing import wait_until
 
@@ -22,7 +22,11 @@ def test_sigterm_on_a_worker_finishes_in_flight_executions_and_hands_over_the_re
     marker.chmod(0o666)  # each execution slot runs under its own uid
     code = f"import time\nopen({str(marker)!r}, 'a').write('ran\\n')\ntime.sleep(3)\nprint('finished')\n"
     with start_host(sandbox_token, extra_args=share(shared_dir)) as host:
-        env = {"HOLDFAST_SANDBOX_URL": host.url, "HOLDFAST_SANDBOX_TOKEN": sandbox_token}
+        env = {
+            "HOLDFAST_SANDBOX_URL": host.url,
+            "HOLDFAST_SANDBOX_TOKEN": sandbox_token,
+            "HOLDFAST_REQUIRED_ISOLATION": SHARED_LEVEL,
+        }
         with start_worker(env, concurrency=2) as old_worker:
             ids = [str(submit(code, owner="restart-test", timeout_s=30)) for _ in range(4)]
             wait_until(

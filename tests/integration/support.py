@@ -251,8 +251,16 @@ def stop_runs(state_dir: Path) -> None:
     for record_path in (state_dir / "runs").glob("*.json"):
         with contextlib.suppress(OSError, ValueError):
             record = json.loads(record_path.read_text())
-            if isinstance(record.get("pid"), int) and alive(record["pid"], record.get("start_time")):
-                os.killpg(record["pid"], signal.SIGKILL)
+            pid = record.get("pid")
+            # Only a sandbox the record names for sure (pid and start time), never a
+            # process group of pid 1 or of a stranger that reused the pid.
+            if (
+                isinstance(pid, int)
+                and pid > 1
+                and record.get("start_time") is not None
+                and alive(pid, record["start_time"])
+            ):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def wait_seconds(seconds: float) -> None:

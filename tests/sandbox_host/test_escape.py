@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_host import protocol
+from sandbox_host import cgroups, protocol
 from sandbox_host.sandbox import base_interpreter
 from tests.integration.support import stop_runs
 from tests.runner.servers import Reply, scripted_server
@@ -261,16 +261,24 @@ def test_namespaces_ptrace_and_mount_are_refused(host):
         libc = ctypes.CDLL(None, use_errno=True)
         def call(name, *args):
             rc = getattr(libc, name)(*args)
-            print(name, "OK" if rc == 0 else errno.errorcode.get(ctypes.get_errno()))
+            print(name, "OK" if rc >= 0 else errno.errorcode.get(ctypes.get_errno()))
         call("unshare", 0x10000000)                 # CLONE_NEWUSER
         call("unshare", 0x00020000)                 # CLONE_NEWNS
         call("ptrace", 16, 1, 0, 0)                 # PTRACE_ATTACH to pid 1
         call("mount", b"none", b"/tmp", b"tmpfs", 0, None)
         call("chroot", b"/tmp")
+        call("inotify_init1", 0)                    # watching a neighbour's opens
         """,
     )
     out = lines(result)
-    assert out[:5] == ["unshare EPERM", "unshare EPERM", "ptrace EPERM", "mount EPERM", "chroot EPERM"]
+    assert out[:6] == [
+        "unshare EPERM",
+        "unshare EPERM",
+        "ptrace EPERM",
+        "mount EPERM",
+        "chroot EPERM",
+        "inotify_init1 EPERM",
+    ]
 
 
 def test_no_new_privs_seccomp_and_no_capabilities(host):
@@ -346,6 +354,35 @@ def test_memory_is_bounded_for_the_sandbox_as_a_whole(host):
     assert host.log().count("cgroup") >= 1  # the start-up line names the groups in force
     killed = result.status == "failed" or any(code != 0 for code in eval(result.stdout.split("codes", 1)[1]))  # noqa: S307
     assert killed, result
+
+
+def test_cpu_is_capped_for_the_sandbox_as_a_whole(host):
+    """Four busy processes of one execution share one CPU's quota: its control group is
+    throttled (read from the host's side, where the kernel counts it)."""
+    groups, why = cgroups.detect()
+    if not groups.cpu:
+        pytest.skip(f"no cpu controller on this machine ({why or 'not mounted'})")
+    parent = groups.parents.get("cpu") or groups.parents["unified"]
+    ws = connect(host.url, TOKEN, timeout=scaled(30))
+    try:
+        busy = new_id()
+        code = "import os, time\nfor _ in range(3):\n    os.fork()\nend = time.time() + 4\n"
+        code += "while time.time() < end:\n    pass\n"
+        send_frame(ws, protocol.Execute(id=busy, code=code, timeout_ms=30_000, memory_mb=256))
+        assert recv_frame(ws) == protocol.Started(id=busy)
+
+        def throttled() -> bool:
+            for stat in Path(parent).glob("exec-*/cpu.stat"):
+                with contextlib.suppress(OSError):
+                    fields = dict(line.split() for line in stat.read_text().splitlines())
+                    if int(fields.get("nr_throttled", 0)) > 0:
+                        return True
+            return False
+
+        wait_until(throttled, timeout=20, what="the execution's group to be throttled")
+        send_frame(ws, protocol.Cancel(id=busy))
+    finally:
+        ws.close()
 
 
 def test_a_fork_bomb_stops_at_the_process_cap(host):
@@ -587,3 +624,45 @@ def test_a_relay_carries_only_to_the_control_plane(state_dir):
     plane = Probing(job)
     run_job(plane, state_dir)
     assert "status 200" in plane.lines and plane.probes == ["/escape-probe"]
+
+
+def test_user_code_gets_the_bare_interpreter_and_nothing_installed_beside_it(host):
+    result = run(
+        host,
+        """
+        import os, site, sys
+        dirs = [p for p in site.getsitepackages() + sys.path if p.endswith(("site-packages", "dist-packages"))]
+        print("installed", sorted({name for d in dirs if os.path.isdir(d) for name in os.listdir(d)}))
+        for name in ("IPython", "django", "websockets", "pyseccomp"):
+            try:
+                __import__(name)
+                print("IMPORTED", name)
+            except ImportError:
+                pass
+        """,
+    )
+    assert lines(result) == ["installed []"]
+
+
+def test_socket_families_no_namespace_covers_are_refused(host):
+    result = run(
+        host,
+        """
+        import socket
+        for name in ("AF_VSOCK", "AF_PACKET", "AF_BLUETOOTH", "AF_ALG", "AF_CAN", "AF_TIPC", "AF_RDS"):
+            family = getattr(socket, name, None)
+            if family is None:
+                continue
+            try:
+                socket.socket(family, socket.SOCK_STREAM if name == "AF_VSOCK" else socket.SOCK_RAW).close()
+                print("OPENED", name)
+            except OSError as exc:
+                print("refused", name, exc.errno)
+        for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6):
+            socket.socket(family, socket.SOCK_STREAM).close()
+        print("ok")
+        """,
+    )
+    out = lines(result)
+    assert out[-1] == "ok" and "refused AF_VSOCK 97" in out, out  # EAFNOSUPPORT
+    assert not any(line.startswith("OPENED") for line in out), out

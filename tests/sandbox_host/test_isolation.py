@@ -16,7 +16,17 @@ import pytest
 
 from sandbox_host import protocol
 from sandbox_host.sandbox import EXECUTION_ENV
-from tests.support.host import connect, descendants, execute, new_id, recv_frame, send_frame, start_host
+from tests.support.host import (
+    SHARED_LEVEL,
+    connect,
+    descendants,
+    execute,
+    new_id,
+    recv_frame,
+    send_frame,
+    share,
+    start_host,
+)
 from tests.timing import scaled, wait_until
 
 from .conftest import TOKEN
@@ -369,3 +379,14 @@ def test_the_next_execution_in_a_slot_is_not_touched_by_the_last_ones_cleanup():
     finally:
         os.close(lock_fd)
     assert (outcome.status, outcome.stdout) == ("succeeded", "second\n")
+
+
+def test_a_host_with_a_shared_dir_reports_a_level_below_the_full_sandbox(tmp_path):
+    """--insecure-shared-dir lets every tenant read and write one host directory: the
+    host must not call that the full sandbox, so a strict pool refuses it."""
+    with start_host(TOKEN, extra_args=share(tmp_path)) as shared:
+        ws = connect(shared.url, TOKEN)
+        ws.close()
+    assert ws.auth_ok.isolation == SHARED_LEVEL
+    assert ws.auth_ok.bounds["insecure_shared_dir"] == str(tmp_path) and "warning" in ws.auth_ok.bounds
+    assert protocol.isolation_refusal(ws.auth_ok.isolation, protocol.FULL_ISOLATION)

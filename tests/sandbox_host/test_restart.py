@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -100,3 +101,25 @@ def test_a_starting_host_removes_what_a_dead_host_left(state_dir):
             if os.path.isdir(path):
                 os.rmdir(path)
         shutil.rmtree(old_dir, ignore_errors=True)
+
+
+def test_a_starting_host_prunes_old_exited_runs_and_keeps_recent_ones(state_dir):
+    runs = state_dir / "runs"
+    runs.mkdir(parents=True)
+    old_exit = time.time() - defaults.DEFAULT_RUN_RECORD_RETENTION_S - 60
+    kept = {"recent": time.time() - 60}
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for run_id, finished in {"ancient": old_exit, **kept}.items():
+        # A pid no process has (and a start time none could have): never a live one.
+        record = {"run_id": run_id, "pid": gone.pid, "start_time": 1, "exit_code": 0, "finished_at": finished}
+        (runs / f"{run_id}.json").write_text(json.dumps(record))
+        (runs / f"{run_id}.log").write_text("runner: event=finished\n")
+    with start_host(TOKEN, extra_args=("--state-dir", str(state_dir))) as host:
+        ws = connect(host.url, TOKEN)
+        try:
+            statuses = _probe(ws, "ancient", "recent")
+        finally:
+            ws.close()
+    assert statuses["ancient"]["status"] == "unknown" and statuses["recent"] == {"status": "exited", "exit_code": 0}
+    assert sorted(p.name for p in runs.iterdir()) == ["recent.json", "recent.log"]

@@ -8,6 +8,7 @@ runner API, so these tests need no database."""
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -166,3 +167,16 @@ def test_bad_run_frames_are_answered_not_punished(state_dir):
         assert _probe(ws, "r1") == {"r1": {"status": "unknown", "exit_code": None}}
         ws.close()
     assert not os.listdir(state_dir / "runs")
+
+
+def test_the_runners_interpreter_never_imports_from_its_working_directory(tmp_path):
+    """The job writes /tmp, the runner's working directory: a module planted there must
+    never be what the key-holding runner imports."""
+    from sandbox_host.runs import RUNNER_FLAGS
+    from sandbox_host.sandbox import base_interpreter
+
+    (tmp_path / "planted.py").write_text("print('PLANTED')")
+    done = subprocess.run(
+        [base_interpreter()[0], *RUNNER_FLAGS, "-c", "import planted"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert "PLANTED" not in done.stdout and "ModuleNotFoundError" in done.stderr

@@ -133,9 +133,14 @@ def start_host(
         host.stop()
 
 
+# The level a host started with ``share`` reports: pools in those tests must accept it.
+SHARED_LEVEL = "insecure-shared-dir"
+
+
 def share(directory) -> tuple[str, ...]:
     """Host arguments that bind ``directory`` read-write into every sandbox, so a test can
-    count how often a snippet really ran. Test harnesses only: it breaks containment."""
+    count how often a snippet really ran. Test harnesses only: it breaks containment, and
+    the host reports ``SHARED_LEVEL``, which the test's pool must be told to accept."""
     return ("--insecure-shared-dir", str(directory))
 
 
