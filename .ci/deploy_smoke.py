@@ -123,9 +123,8 @@ def main(argv: list[str]) -> int:
         out = run("manage.py execute", [python, "manage.py", "execute", "--code", f"print({EXPECTED!r})"], env)
         if out.strip() != EXPECTED:
             fail("manage.py execute printed something else", out)
-        print(
-            f"deploy smoke ok: a clean virtualenv from requirements.txt ran one execution ({time.monotonic() - started:.2f}s)"
-        )
+        took = time.monotonic() - started
+        print(f"deploy smoke ok: a clean virtualenv from requirements.txt ran one execution ({took:.2f}s)")
         return 0
     finally:
         for child in (worker, host):
