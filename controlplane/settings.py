@@ -178,7 +178,9 @@ LOGGING = {
 
 # --- Celery --------------------------------------------------------------------------
 
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+# The filesystem transport ignores the host; naming one keeps kombu from warning on
+# every publish that it "reverts to localhost" (noise on every command's stderr).
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://localhost/")
 _BROKER_DIR = VAR_DIR / "broker"
 # Executions are stored on their rows; Celery's result backend would be a second copy.
 CELERY_TASK_IGNORE_RESULT = True
@@ -225,6 +227,23 @@ CELERY_BEAT_SCHEDULE = {
     "executions-sweep": {"task": "controlplane.executions.tasks.sweep_executions", "schedule": 30.0},
 }
 
+
+def _ensure_embedded_dirs() -> None:
+    """The embedded default must work from a fresh clone whichever process starts first
+    (the Procfile's web migrates, its worker lists the broker queue, ``manage.py execute``
+    opens the database): create what it keeps under ``var/`` here, the one place every
+    process passes through. The production parts need no directory."""
+    needed = []
+    if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        needed.append(Path(DATABASES["default"]["NAME"]).parent)
+    if CELERY_BROKER_URL.startswith("filesystem://"):
+        needed += [_BROKER_DIR / "queue", _BROKER_DIR / "processed", _BROKER_DIR / "control"]
+    for path in needed:
+        path.mkdir(parents=True, exist_ok=True)
+
+
+_ensure_embedded_dirs()
+
 # --- Sandbox pool (per worker process) ------------------------------------------------
 
 # Where the pool dials: a load balancer in front of hosts, or one host. Unset means the
@@ -269,6 +288,10 @@ EXECUTION_STALE_GRACE_S = env_float("HOLDFAST_EXECUTION_STALE_GRACE_S", 120.0, m
 # A row still 'queued' this long had its message lost (crash between commit and
 # publish): the sweep publishes it again; the CAS claim makes a duplicate harmless.
 EXECUTION_REQUEUE_AFTER_S = env_float("HOLDFAST_EXECUTION_REQUEUE_AFTER_S", 60.0, minimum=5.0)
+# ``manage.py execute`` gives up on an execution no worker claimed within this many
+# seconds (it cancels the row, so it cannot run later with nobody listening) and says
+# that no worker is running: one clear line instead of a silent minute-long wait.
+EXECUTION_PICKUP_WAIT_S = env_float("HOLDFAST_EXECUTION_PICKUP_WAIT_S", 30.0, minimum=1.0)
 
 # --- Runs ----------------------------------------------------------------------------
 

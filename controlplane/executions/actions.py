@@ -72,6 +72,17 @@ def request_cancel(execution_id: str) -> str:
     return Execution.objects.values_list("status", flat=True).get(pk=execution_id)
 
 
+def abandon_unclaimed(execution_id: str, error: str) -> bool:
+    """queued -> cancelled with ``error``, for a caller that stops waiting on a row no
+    worker claimed. Loses to the claim: once a worker took it, this changes nothing."""
+    now = timezone.now()
+    return bool(
+        Execution.objects.filter(pk=execution_id, status=Status.QUEUED).update(
+            status=Status.CANCELLED, error=error, cancel_requested_at=now, finished_at=now
+        )
+    )
+
+
 def cancel_requested(execution_id: str) -> bool:
     return Execution.objects.filter(pk=execution_id, cancel_requested_at__isnull=False).exists()
 

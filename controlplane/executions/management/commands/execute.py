@@ -6,7 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 # Exit codes for outcomes that have no exit status of their own, after coreutils'
 # timeout(1) and sysexits.h, so shell scripts can tell them apart.
@@ -26,6 +29,12 @@ class Command(BaseCommand):
         parser.add_argument("--owner", default="cli")
         parser.add_argument("--timeout", type=float, default=None, help="seconds")
         parser.add_argument("--memory", type=int, default=None, help="MiB")
+        parser.add_argument(
+            "--pickup-wait",
+            type=float,
+            default=settings.EXECUTION_PICKUP_WAIT_S,
+            help="seconds to wait for a worker to claim the execution before cancelling it",
+        )
 
     def handle(self, *args, **options) -> None:
         from controlplane.executions.api import execute
@@ -40,9 +49,22 @@ class Command(BaseCommand):
             except OSError as exc:
                 raise CommandError(f"cannot read {options['file']}: {exc.strerror}") from None
         try:
-            result = execute(code, owner=options["owner"], timeout_s=options["timeout"], memory_mb=options["memory"])
+            result = execute(
+                code,
+                owner=options["owner"],
+                timeout_s=options["timeout"],
+                memory_mb=options["memory"],
+                pickup_wait_s=options["pickup_wait"],
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        except DatabaseError as exc:
+            # One line an operator can act on, not a traceback (a fresh clone has not
+            # migrated yet; a production database may be down).
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CommandError(f"database error: {first} (has `python manage.py migrate` run?)") from None
+        except KombuOperationalError as exc:
+            raise CommandError(f"cannot reach the Celery broker {settings.CELERY_BROKER_URL!r}: {exc}") from None
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
         if (result.error and result.status != "failed") or (result.status == "failed" and result.exit_code is None):
