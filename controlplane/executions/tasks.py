@@ -8,11 +8,12 @@ import socket
 import time
 
 from celery import shared_task
-from django.db import OperationalError
+from django.db import DatabaseError, OperationalError
 
 from controlplane.executions import actions
 from controlplane.executions.models import Execution
-from controlplane.sandbox.outcome import ExecRequest
+from controlplane.sandbox import outcome as texts
+from controlplane.sandbox.outcome import ExecRequest, Outcome
 from controlplane.sandbox.pool import get_pool
 
 log = logging.getLogger("holdfast.executions")
@@ -56,9 +57,35 @@ def run_execution(self, execution_id: str) -> None:
 
 def _store(execution_id: str, outcome) -> None:
     """Record the outcome, riding out a short database outage: the execution has run and
-    must not be reported as interrupted because one write hit a locked database."""
-    if not _with_db_patience(lambda: actions.finish(execution_id, outcome)):
+    must not be reported as interrupted because one write hit a locked database.
+
+    A non-transient database error (the database refuses this result for good: a value
+    it cannot hold) would fail the same way on every retry and leave the row ``running``
+    until the sweep calls it interrupted. It becomes a ``failed`` outcome that names the
+    error instead, stored without the fields that may have caused it."""
+    try:
+        recorded = _with_db_patience(lambda: actions.finish(execution_id, outcome))
+    except OperationalError:
+        raise
+    except DatabaseError as exc:
+        log.error(
+            "event=execution_result_refused execution_id=%s error=%s", execution_id, type(exc).__name__, exc_info=True
+        )
+        refused = Outcome.system(
+            "failed",
+            texts.RESULT_NOT_STORABLE.format(status=outcome.status, error=_first_line(exc)),
+            exit_code=outcome.exit_code,
+            duration_ms=outcome.duration_ms,
+            attempts=outcome.attempts,
+        )
+        recorded = _with_db_patience(lambda: actions.finish(execution_id, refused))
+    if not recorded:
         log.warning("event=execution_result_not_recorded execution_id=%s reason=not_running", execution_id)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 def _with_db_patience(call):

@@ -23,6 +23,7 @@ NO_WORKER = (
     "No worker picked up the execution within {seconds:g} s, so it was cancelled: "
     "is a Celery worker (the Procfile's `worker`) running on queue {queue!r}?"
 )
+RESULT_NOT_STORABLE = "The execution ran ({status}) but the database refused its result, so its output is lost: {error}"
 # DESIGN.md, seed 000: an execution that may have reached the host is never re-run; it
 # fails with exactly this text when its connection drops.
 INTERRUPTED = "Code execution was interrupted because the connection to its sandbox host closed"
