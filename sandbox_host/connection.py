@@ -224,6 +224,10 @@ class Connection:
 
     def send(self, frame: protocol.Frame) -> bool:
         """Send one frame if the connection is open; False if it is not."""
+        if isinstance(frame, protocol.Result):
+            # The raw output is capped per stream, but JSON escaping can still grow the
+            # frame past what a client accepts: cut it to fit, never send it too large.
+            frame = protocol.fit_result(frame)
         with self.lock:
             if self.ws.state is not State.OPEN:
                 return False

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import websocket
 
+from controlplane.sandbox import wsclient
 from sandbox_host import protocol
 
 from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable
@@ -134,7 +135,7 @@ class WebSocketLaunchDriver:
     def _connect(self, url: str) -> tuple[websocket.WebSocket, protocol.AuthOk]:
         """Connected and authenticated, or ``_TryElsewhere``: nothing about the run was sent."""
         try:
-            ws = websocket.create_connection(url, timeout=self.connect_timeout_s)
+            ws = wsclient.create_connection(url, timeout=self.connect_timeout_s)
         except (OSError, websocket.WebSocketException) as exc:
             raise _TryElsewhere(f"connect: {type(exc).__name__}") from None
         try:
