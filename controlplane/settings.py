@@ -288,6 +288,12 @@ EXECUTION_STALE_GRACE_S = env_float("HOLDFAST_EXECUTION_STALE_GRACE_S", 120.0, m
 # A row still 'queued' this long had its message lost (crash between commit and
 # publish): the sweep publishes it again; the CAS claim makes a duplicate harmless.
 EXECUTION_REQUEUE_AFTER_S = env_float("HOLDFAST_EXECUTION_REQUEUE_AFTER_S", 60.0, minimum=5.0)
+# How long an outcome the database could not take is kept in the broker and retried
+# (store_outcome) before it is given up as lost, in seconds. A database outage of several
+# minutes (a failover, a restart, a network partition) must lose no result; half an hour
+# covers an operator's repair. Each retry is a new message held well inside the broker's
+# visibility timeout, so this may exceed it.
+EXECUTION_RESULT_STORE_PATIENCE_S = env_float("HOLDFAST_EXECUTION_RESULT_STORE_PATIENCE_S", 1800.0, minimum=1.0)
 # ``manage.py execute`` gives up on an execution no worker claimed within this many
 # seconds (it cancels the row, so it cannot run later with nobody listening) and says
 # that no worker is running: one clear line instead of a silent minute-long wait.

@@ -24,6 +24,9 @@ NO_WORKER = (
     "is a Celery worker (the Procfile's `worker`) running on queue {queue!r}?"
 )
 RESULT_NOT_STORABLE = "The execution ran ({status}) but the database refused its result, so its output is lost: {error}"
+# The sweep's verdict on a row still running long past its timeout. A guess (the worker
+# may only have been unable to store the result): a real outcome arriving later replaces it.
+WORKER_LOST = "Code execution was interrupted because its worker stopped while it ran"
 # DESIGN.md, seed 000: an execution that may have reached the host is never re-run; it
 # fails with exactly this text when its connection drops.
 INTERRUPTED = "Code execution was interrupted because the connection to its sandbox host closed"
