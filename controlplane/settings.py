@@ -9,8 +9,11 @@ production parts; the code is the same on both.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
+
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Embedded state (SQLite file, filesystem broker, file cache) lives here, never in the
@@ -18,30 +21,58 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("HOLDFAST_VAR_DIR", BASE_DIR / "var"))
 
 
+# Messages about settings that start-up must say loudly but that do not stop it (a max
+# age below 1 s falls back to the default). settings.py runs before logging exists, so
+# they are printed to stderr here and logged again once logging is up
+# (controlplane.executions.apps).
+STARTUP_WARNINGS: list[str] = []
+
+
+def _refuse(name: str, raw: str, expected: str) -> ImproperlyConfigured:
+    # Quoted and bounded: the value is an operator's typo, never a secret we parse.
+    return ImproperlyConfigured(f"{name}={raw[:80]!r} is not valid: expected {expected}")
+
+
 def env_str(name: str, default: str) -> str:
     return os.environ.get(name, default)
+
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 
 def env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
+    word = raw.strip().lower()
+    if word not in TRUE_WORDS | FALSE_WORDS:
+        raise _refuse(name, raw, "one of 1/true/yes/on or 0/false/no/off")
+    return word in TRUE_WORDS
 
 
-def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
-    """Parse a number strictly: anything that is not a finite number, or is below
-    ``minimum``, falls back to the default rather than half-applying a typo."""
+def env_float(name: str, default: float, *, minimum: float | None = None, below_minimum: str = "refuse") -> float:
+    """Parse a number strictly. Anything that is not a finite number stops start-up
+    with ImproperlyConfigured naming the variable: a half-applied typo (``90s`` running
+    as the default 120) breaks promises sized on the value, with no signal. A value
+    below ``minimum`` is refused too, unless ``below_minimum="default"``: then it falls
+    back to the default and says so loudly at start-up."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
+    expected = "a number" + (f" >= {minimum:g}" if minimum is not None else "") + " (plain digits, no unit)"
     try:
         value = float(raw.strip())
     except ValueError:
-        return default
+        raise _refuse(name, raw, expected) from None
     if value != value or value in (float("inf"), float("-inf")):
-        return default
+        raise _refuse(name, raw, expected)
     if minimum is not None and value < minimum:
+        if below_minimum != "default":
+            raise _refuse(name, raw, expected)
+        message = f"{name}={raw.strip()} is below {minimum:g}: running with the default {default:g} instead"
+        STARTUP_WARNINGS.append(message)
+        print(f"holdfast settings WARNING: {message}", file=sys.stderr)
         return default
     return value
 
@@ -50,12 +81,13 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
+    expected = "a whole number" + (f" >= {minimum}" if minimum is not None else "") + " (plain digits, no unit)"
     try:
         value = int(raw.strip())
     except ValueError:
-        return default
+        raise _refuse(name, raw, expected) from None
     if minimum is not None and value < minimum:
-        return default
+        raise _refuse(name, raw, expected)
     return value
 
 
@@ -79,7 +111,7 @@ def database_from_url(url: str) -> dict:
         }
     if parsed.scheme == "sqlite":
         return _sqlite(Path(unquote(parsed.path)) if parsed.path else VAR_DIR / "holdfast.sqlite3")
-    raise ValueError(f"DATABASE_URL scheme {parsed.scheme!r} is not supported (postgres or sqlite)")
+    raise _refuse("DATABASE_URL", f"{parsed.scheme}://...", "postgres://user:pass@host:port/name or sqlite:///path")
 
 
 def _sqlite(path: Path) -> dict:
@@ -99,10 +131,15 @@ def _sqlite(path: Path) -> dict:
 
 # --- Django core -------------------------------------------------------------------
 
-# A fixed key only for the embedded default; production sets DJANGO_SECRET_KEY.
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "holdfast-embedded-default-not-for-production")
+# A fixed key only for the embedded default (long and varied enough that `check
+# --deploy` accepts it on one machine); anything else must set DJANGO_SECRET_KEY, and
+# is refused below if it does not. Run keys and push tokens are HMACs of this key
+# (controlplane/runs/credentials.py): see docs/operations.md before rotating it.
+EMBEDDED_SECRET_KEY = "holdfast-embedded-default-NOT-for-production-7f3a9c1e5b2d8046"  # noqa: S105
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", EMBEDDED_SECRET_KEY)
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",") if h]
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1", "testserver"})
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -146,6 +183,43 @@ TEMPLATES = [
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 DATABASES = {"default": database_from_url(DATABASE_URL) if DATABASE_URL else _sqlite(VAR_DIR / "holdfast.sqlite3")}
+
+# The embedded default: one machine, SQLite, served on loopback (or DEBUG). Anything
+# else (a PostgreSQL DATABASE_URL, or DEBUG off with a non-local host) is a deploy.
+EMBEDDED = DATABASES["default"]["ENGINE"].endswith("sqlite3") and (DEBUG or set(ALLOWED_HOSTS) <= LOCAL_HOSTS)
+if not EMBEDDED and SECRET_KEY == EMBEDDED_SECRET_KEY:
+    # Everyone can read the built-in key: with it, anyone could mint run keys and sessions.
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is not set, and this is not the embedded default (a PostgreSQL DATABASE_URL, "
+        "or DJANGO_DEBUG off with a non-local DJANGO_ALLOWED_HOSTS): refusing the built-in key. Generate one with "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'` (docs/operations.md)"
+    )
+
+# `manage.py check --deploy` runs clean (the Procfile's web line runs it first).
+# Cookies only over HTTPS in a deploy: the admin session is what an attacker wants.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("HOLDFAST_SECURE_COOKIES", not EMBEDDED)
+# HSTS (seconds) in a deploy: browsers then refuse plain HTTP to the admin for a year.
+SECURE_HSTS_SECONDS = env_int("HOLDFAST_HSTS_SECONDS", 0 if EMBEDDED else 365 * 24 * 3600, minimum=0)
+# Redirecting HTTP to HTTPS is the balancer's job for browsers; runners reach the
+# internal API over the sandbox relay, which may be plain HTTP on a private address.
+SECURE_SSL_REDIRECT = env_bool("HOLDFAST_SSL_REDIRECT", False)
+# Behind a TLS balancer that sets X-Forwarded-Proto, Django must believe it, or it
+# treats every request as HTTP (secure cookies, CSRF origin checks).
+if env_bool("HOLDFAST_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SILENCED_SYSTEM_CHECKS = [
+    # W008 (no SSL redirect): see SECURE_SSL_REDIRECT above; HOLDFAST_SSL_REDIRECT=1 where
+    # every client speaks HTTPS.
+    "security.W008",
+    # W005/W021 (HSTS for subdomains, preload): a decision about the operator's whole
+    # domain, not Holdfast's to make.
+    "security.W005",
+    "security.W021",
+]
+if EMBEDDED:
+    # The embedded default serves loopback over plain HTTP: secure cookies and HSTS
+    # would lock its own admin out.
+    SILENCED_SYSTEM_CHECKS += ["security.W004", "security.W012", "security.W016"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis in production (shared by every worker, so the drain page sees them all); the
@@ -254,8 +328,8 @@ SANDBOX_TOKEN = env_str("HOLDFAST_SANDBOX_TOKEN", "")
 # Max age of one connection (seconds), jittered down by up to 20% per connection. After
 # it a connection takes no new work, finishes what it runs and closes, so a host that a
 # balancer deregistered drains before its deregistration delay ends. Below 1 s is a
-# typo, not a wish: it falls back to the default.
-SANDBOX_CONNECTION_MAX_AGE_S = env_float("HOLDFAST_CONNECTION_MAX_AGE_S", 120.0, minimum=1.0)
+# typo, not a wish: it falls back to the default, said loudly at start-up (the seed's rule).
+SANDBOX_CONNECTION_MAX_AGE_S = env_float("HOLDFAST_CONNECTION_MAX_AGE_S", 120.0, minimum=1.0, below_minimum="default")
 # Jitter spreads retirements so a worker's connections do not all reconnect at once;
 # downward only, so the max age stays an upper bound the balancer can be sized against.
 SANDBOX_CONNECTION_MAX_AGE_JITTER = 0.2

@@ -97,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     if not token:
         print(f"holdfast-host: {TOKEN_ENV} is empty; refusing to start without a token", file=sys.stderr)
         return 2
+    if len(token) < defaults.DEFAULT_MIN_TOKEN_CHARS:
+        print(
+            f"holdfast-host: {TOKEN_ENV} is shorter than {defaults.DEFAULT_MIN_TOKEN_CHARS} characters; refusing a "
+            "guessable token (make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))')",
+            file=sys.stderr,
+        )
+        return 2
     _make_non_dumpable()
     host_id = args.host_id or secrets.token_hex(4)
 

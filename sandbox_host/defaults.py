@@ -69,3 +69,7 @@ DEFAULT_RUN_UIDS = 10_000
 # Interpreters tried for user code when the host's own is out of an unprivileged uid's
 # reach (a venv under /root, mode 0700): the system's.
 DEFAULT_FALLBACK_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+# Shortest token a host accepts, in characters. The token grants code execution to
+# whoever holds it; 32 characters of `secrets.token_urlsafe(32)` (43 characters, 256
+# bits) cannot be guessed, a short word can (docs/operations.md says how to make one).
+DEFAULT_MIN_TOKEN_CHARS = 32
