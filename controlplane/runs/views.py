@@ -3,8 +3,10 @@
 Every route checks, in this order (docs/runner-api.md):
 1. a Bearer token is present, else 401 unauthorized;
 2. the run exists, else 404 not_found;
-3. the run is not terminal, else 409 run_terminal (with the recorded status);
-4. the token verifies in constant time and is not revoked, else 401 unauthorized.
+3. the token verifies in constant time, else 401 unauthorized: nothing about the run
+   (not even whether it ended) is told to a caller that cannot prove it is its runner;
+4. the run is not terminal, else 409 run_terminal (with the recorded status);
+5. the key is not revoked, else 401 unauthorized.
 ``hello`` takes the launch key; every other route takes the session token.
 """
 
@@ -42,12 +44,18 @@ def authenticate(request: HttpRequest, run_id: str, credential: str) -> Run:
     run = Run.objects.filter(pk=pk).first()
     if run is None:
         raise RunNotFound()
+    stored = run.launch_key_hash if credential == credentials.LAUNCH else run.session_token_hash
+    # Authenticate before answering anything about the run: whoever knows a run id but
+    # not its key must not learn its status from a 409.
+    if not credentials.matches(token, stored):
+        raise Unauthorized()
+    # Its own runner is told the run ended (a revoked key still proves who is asking),
+    # so it stops instead of retrying.
     if run.is_terminal:
         raise RunTerminal(run.status)
-    stored = run.launch_key_hash if credential == credentials.LAUNCH else run.session_token_hash
     # Revocation is checked on its own, not only through the status: a key whose run
     # ended must never authenticate again, whatever later happens to the row.
-    if run.key_revoked_at is not None or not credentials.matches(token, stored):
+    if run.key_revoked_at is not None:
         raise Unauthorized()
     return run
 

@@ -101,3 +101,17 @@ def test_the_admin_never_shows_secrets_or_key_hashes(admin_client, running):
     assert "echo hi" in page
     for hidden in (SECRET, run.launch_key_hash, run.session_token_hash, run.token_salt):
         assert hidden not in page and hidden not in listing
+
+
+@pytest.mark.parametrize("token", ["hfs_" + "0" * 64, None], ids=["wrong-key", "launch-key-on-a-session-route"])
+def test_a_terminal_run_tells_its_status_only_to_its_own_runner(running, token):
+    """Whoever knows a run id but not its key learns nothing from a 409: the key is
+    checked before the run's status."""
+    running.post("result", {"status": "failed", "exit_code": 3, "error": "boom"})
+    for method, endpoint, body in ENDPOINTS:
+        key = token if token is not None else ("hfl_" + "1" * 64 if endpoint == "hello" else running.launch_key)
+        late = _call(running, method, endpoint, body, key)
+        assert late.status_code == 401, endpoint
+        assert late.json()["error"]["code"] == "unauthorized"
+        assert "status" not in late.json()
+        assert "failed" not in late.content.decode()
