@@ -402,6 +402,14 @@ RUNS_MAX_TIMEOUT_S = env_int("HOLDFAST_RUNS_MAX_TIMEOUT_S", 24 * 3600, minimum=1
 RUNS_MAX_EVENTS_PER_BATCH = env_int("HOLDFAST_RUNS_MAX_EVENTS_PER_BATCH", 500, minimum=1)
 # Bytes of one events body. The runner caps a batch near 900 KiB after redaction.
 RUNS_MAX_EVENTS_BODY_BYTES = env_int("HOLDFAST_RUNS_MAX_EVENTS_BODY_BYTES", 1024 * 1024, minimum=1024)
+# Events one run may store. A run may stream for a day; without a quota one chatty or
+# hostile job fills the database. 100,000 events (a line every second for a day and some)
+# then one events_truncated event; later batches are refused with 409 events_truncated.
+RUNS_MAX_EVENTS_PER_RUN = env_int("HOLDFAST_RUNS_MAX_EVENTS_PER_RUN", 100_000, minimum=1)
+# Bytes of one event's data (encoded JSON). The runner cuts an output line at 64 KiB;
+# JSON escaping may double it; beyond this the event is not output but abuse, and the
+# run's events are truncated as above.
+RUNS_MAX_EVENT_BYTES = env_int("HOLDFAST_RUNS_MAX_EVENT_BYTES", 256 * 1024, minimum=1024)
 # Bytes of a session-state archive and of a transcript. Both are stored in the database
 # (one row per run and kind), so they are bounded well below PostgreSQL's 1 GB bytea.
 RUNS_MAX_SESSION_STATE_BYTES = env_int("HOLDFAST_RUNS_MAX_SESSION_STATE_BYTES", 64 * 1024 * 1024, minimum=1024)

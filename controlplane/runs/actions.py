@@ -25,6 +25,7 @@ from django.utils import timezone
 from . import credentials, receipts
 from .errors import (
     BatchKeyConflict,
+    EventsTruncated,
     InstanceConflict,
     LimitReached,
     RequestKeyConflict,
@@ -139,8 +140,13 @@ class EventIn:
 
 def append_events(run_id: object, batch_key: str, events: list[EventIn]) -> tuple[int, int]:
     """Append one batch; return (first_seq, count). A replayed batch key returns the
-    original answer and adds nothing; the same key with other events is refused."""
+    original answer and adds nothing; the same key with other events is refused.
+
+    A batch that would take the run past RUNS_MAX_EVENTS_PER_RUN, or holds an event over
+    RUNS_MAX_EVENT_BYTES, is not stored: the run gets one ``events_truncated`` event
+    instead (committed), and this and every later batch get ``EventsTruncated``."""
     batch_sha256 = hashlib.sha256(receipts.canonical([[e.type, e.data, e.sent_ts] for e in events])).hexdigest()
+    truncated = False
     with transaction.atomic():
         # The lock serialises appends (and the terminal claim) per run. On SQLite it is a
         # no-op, and the IMMEDIATE transaction serialises every writer instead.
@@ -150,15 +156,51 @@ def append_events(run_id: object, batch_key: str, events: list[EventIn]) -> tupl
             if batch.events_sha256 != batch_sha256:
                 raise BatchKeyConflict()
             return batch.first_seq, batch.count
+        if run.events_truncated_at is not None:
+            raise EventsTruncated()
         first_seq = _next_seq(run)
-        RunEvent.objects.bulk_create(
-            RunEvent(run=run, seq=first_seq + i, type=e.type, data=e.data, ts=e.ts, batch_key=batch_key)
-            for i, e in enumerate(events)
-        )
-        RunEventBatch.objects.create(
-            run=run, batch_key=batch_key, first_seq=first_seq, count=len(events), events_sha256=batch_sha256
-        )
+        reason = _truncation_reason(stored=first_seq - 1, events=events)
+        if reason:
+            _truncate_events(run, first_seq, reason)
+            truncated = True
+        else:
+            RunEvent.objects.bulk_create(
+                RunEvent(run=run, seq=first_seq + i, type=e.type, data=e.data, ts=e.ts, batch_key=batch_key)
+                for i, e in enumerate(events)
+            )
+            RunEventBatch.objects.create(
+                run=run, batch_key=batch_key, first_seq=first_seq, count=len(events), events_sha256=batch_sha256
+            )
+    if truncated:
+        # Raised after the commit, so the events_truncated event and the mark stay.
+        raise EventsTruncated()
     return first_seq, len(events)
+
+
+EVENTS_TRUNCATED = "events_truncated"
+
+
+def _truncation_reason(*, stored: int, events: list[EventIn]) -> dict | None:
+    if stored + len(events) > settings.RUNS_MAX_EVENTS_PER_RUN:
+        return {"reason": "quota", "limit": settings.RUNS_MAX_EVENTS_PER_RUN, "events_stored": stored}
+    largest = max(len(receipts.canonical(e.data)) for e in events)
+    if largest > settings.RUNS_MAX_EVENT_BYTES:
+        return {
+            "reason": "event_too_large",
+            "limit": settings.RUNS_MAX_EVENT_BYTES,
+            "event_bytes": largest,
+            "events_stored": stored,
+        }
+    return None
+
+
+def _truncate_events(run: Run, seq: int, data: dict) -> None:
+    now = timezone.now()
+    RunEvent.objects.create(run=run, seq=seq, type=EVENTS_TRUNCATED, data=data, ts=now)
+    Run.objects.filter(pk=run.pk).update(events_truncated_at=now)
+    logger.warning(
+        "event=run_events_truncated run_id=%s reason=%s events_stored=%d", run.pk, data["reason"], data["events_stored"]
+    )
 
 
 def save_artifact(run_id: object, kind: str, data: bytes) -> str:

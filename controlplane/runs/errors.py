@@ -14,7 +14,8 @@
         ├── InstanceConflict       instance_conflict    another runner instance said hello
         ├── BatchKeyConflict       batch_key_conflict   a batch key reused for other events
         ├── RequestKeyConflict     request_key_conflict a push-token key reused for another scope
-        └── LimitReached           limit_reached        too many push tokens for one run
+        ├── LimitReached           limit_reached        too many push tokens for one run
+        └── EventsTruncated        events_truncated     the run's event quota or event size limit was hit
 
 Messages are fixed text written here or field names: never a value the caller sent,
 so no secret can travel back in an error body or into a log line.
@@ -37,6 +38,7 @@ class ErrorCode(StrEnum):
     BATCH_KEY_CONFLICT = "batch_key_conflict"
     REQUEST_KEY_CONFLICT = "request_key_conflict"
     LIMIT_REACHED = "limit_reached"
+    EVENTS_TRUNCATED = "events_truncated"
 
 
 HTTP_STATUS: dict[ErrorCode, int] = {
@@ -51,6 +53,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.BATCH_KEY_CONFLICT: 409,
     ErrorCode.REQUEST_KEY_CONFLICT: 409,
     ErrorCode.LIMIT_REACHED: 409,
+    ErrorCode.EVENTS_TRUNCATED: 409,
 }
 
 
@@ -144,3 +147,12 @@ class RequestKeyConflict(Conflict):
 class LimitReached(Conflict):
     code = ErrorCode.LIMIT_REACHED
     default_message = "limit reached"
+
+
+class EventsTruncated(Conflict):
+    """The run reached its event quota or sent an event over the size limit: it got one
+    ``events_truncated`` event, and every later batch is refused with this code. The
+    runner stops sending events and keeps the job running."""
+
+    code = ErrorCode.EVENTS_TRUNCATED
+    default_message = "the run's events are truncated: no more events are accepted"

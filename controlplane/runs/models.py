@@ -48,6 +48,9 @@ class Run(models.Model):
     launch_key_hash = models.CharField(max_length=64, blank=True, default="")
     session_token_hash = models.CharField(max_length=64, blank=True, default="")
     key_revoked_at = models.DateTimeField(null=True, blank=True)
+    # Set once, when the run hit its event quota or sent an oversized event (the
+    # events_truncated event is appended then); later batches are refused.
+    events_truncated_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)
     summary = models.JSONField(default=dict, blank=True)
