@@ -41,9 +41,12 @@ MAX_FRAME_BYTES = 1024 * 1024
 # Output kept per stream per execution; the rest is dropped and a marker appended.
 MAX_OUTPUT_BYTES = 1024 * 1024
 OUTPUT_TRUNCATED_MARKER = "\n[holdfast: output truncated at {limit} bytes]\n"
-# JSON escaping can grow output about six times (a control byte becomes ``\u0001``), so
-# a result within MAX_OUTPUT_BYTES per stream can still exceed MAX_FRAME_BYTES once
-# encoded: ``fit_result`` cuts the streams until the encoded frame fits, and says so.
+# Largest frame a host sends: a result with both streams full of text that needs no
+# escaping, plus markers and the envelope. JSON escaping can grow output about six
+# times (a control byte becomes ``\u0001``), so ``fit_result`` cuts the streams of a
+# larger result until the encoded frame fits, and says so. Clients refuse anything
+# larger (the worker's receive limit).
+MAX_RESULT_FRAME_BYTES = 2 * MAX_OUTPUT_BYTES + 64 * 1024
 RESULT_TRUNCATED_MARKER = "\n[holdfast: output truncated to fit a {limit}-byte result frame]\n"
 # Longest execution id accepted: ids are ours (UUIDs), anything longer is forged.
 MAX_ID_CHARS = 64
@@ -389,7 +392,7 @@ def _cut_to(text: str, budget: int) -> str:
     return text[:low]
 
 
-def fit_result(frame: Result, limit: int = MAX_FRAME_BYTES) -> Result:
+def fit_result(frame: Result, limit: int = MAX_RESULT_FRAME_BYTES) -> Result:
     """``frame`` if its encoding fits in ``limit`` bytes; otherwise the same result with
     stdout and stderr cut (each marked with RESULT_TRUNCATED_MARKER) so that it does.
     Each stream may use half of what the rest of the frame leaves, and a stream that
@@ -411,6 +414,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_OUTPUT_BYTES",
     "MAX_PROBE_IDS",
+    "MAX_RESULT_FRAME_BYTES",
     "PRE_AUTH_MAX_BYTES",
     "PROTOCOL_VERSION",
     "Auth",

@@ -3,7 +3,7 @@
 websocket-client reads whatever length a frame header announces (up to 2**63 bytes)
 and joins continuation frames without bound, so a faulty or hostile host could make a
 worker buffer gigabytes. Hosts never send a message larger than
-``protocol.MAX_FRAME_BYTES`` (a result is cut to fit, ``protocol.fit_result``); this
+``protocol.MAX_RESULT_FRAME_BYTES`` (a result is cut to fit, ``protocol.fit_result``); this
 client refuses one that is, before reading its payload, by raising
 ``websocket.WebSocketProtocolException`` like any other protocol violation. Every
 WebSocket the control plane opens to a host goes through ``create_connection`` here.
@@ -18,8 +18,8 @@ from websocket._abnf import continuous_frame, frame_buffer
 
 from sandbox_host import protocol
 
-# Largest message accepted from a host, in bytes: the host's own frame limit.
-MAX_RECEIVE_BYTES = protocol.MAX_FRAME_BYTES
+# Largest message accepted from a host, in bytes: the largest a host sends.
+MAX_RECEIVE_BYTES = protocol.MAX_RESULT_FRAME_BYTES
 
 
 class TooLarge(websocket.WebSocketProtocolException):

@@ -56,12 +56,12 @@ def run_one(url: str) -> tuple[protocol.Frame | None, bool]:
 
 
 def test_a_message_over_the_frame_limit_closes_the_connection_and_interrupts():
-    with oversized_host(protocol.MAX_FRAME_BYTES + 1) as url:
+    with oversized_host(protocol.MAX_RESULT_FRAME_BYTES + 1) as url:
         frame, dropped = run_one(url)
     assert frame is None and dropped  # the pool reports a drop as interrupted
 
 
 def test_a_message_within_the_limit_is_accepted():
-    with oversized_host(protocol.MAX_FRAME_BYTES - 200) as url:
+    with oversized_host(protocol.MAX_RESULT_FRAME_BYTES - 200) as url:
         frame, dropped = run_one(url)
     assert isinstance(frame, protocol.Result) and not dropped

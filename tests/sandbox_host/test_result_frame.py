@@ -25,16 +25,16 @@ def test_a_result_that_fits_is_unchanged():
 
 def test_escaped_output_is_cut_until_the_encoded_frame_fits():
     frame = p.Result(id="a", status="succeeded", exit_code=0, stdout="\x01" * 3 * MIB, stderr="\x02" * MIB)
-    assert encoded_size(frame) > 6 * p.MAX_FRAME_BYTES
+    assert encoded_size(frame) > 6 * p.MAX_RESULT_FRAME_BYTES
     fitted = p.fit_result(frame)
-    assert encoded_size(fitted) <= p.MAX_FRAME_BYTES
-    marker = p.RESULT_TRUNCATED_MARKER.format(limit=p.MAX_FRAME_BYTES)
+    assert encoded_size(fitted) <= p.MAX_RESULT_FRAME_BYTES
+    marker = p.RESULT_TRUNCATED_MARKER.format(limit=p.MAX_RESULT_FRAME_BYTES)
     for stream, kept in ((frame.stdout, fitted.stdout), (frame.stderr, fitted.stderr)):
         assert kept.endswith(marker)
         body = kept[: -len(marker)]
         assert stream.startswith(body)
         # Each stream gets about half the frame: at 6 bytes a character, ~87k characters.
-        assert len(body) > p.MAX_FRAME_BYTES // 2 // 6 - 100
+        assert len(body) > p.MAX_RESULT_FRAME_BYTES // 2 // 6 - 100
     assert json.loads(p.encode(fitted))["exit_code"] == 0
 
 
@@ -42,13 +42,13 @@ def test_a_short_stream_lends_its_share_to_the_long_one():
     frame = p.Result(id="a", status="failed", exit_code=1, stdout="ok\n", stderr="\x01" * MIB)
     fitted = p.fit_result(frame)
     assert fitted.stdout == "ok\n"
-    assert encoded_size(fitted) <= p.MAX_FRAME_BYTES
-    assert len(fitted.stderr) > p.MAX_FRAME_BYTES // 6 - 200
+    assert encoded_size(fitted) <= p.MAX_RESULT_FRAME_BYTES
+    assert len(fitted.stderr) > p.MAX_RESULT_FRAME_BYTES // 6 - 200
 
 
 def test_a_real_host_sends_escaped_output_within_the_frame_limit(sandbox_token):
     """3 MiB of ``\\x01`` (capped to 1 MiB raw by the host) once made a 6 MB frame; a
-    client with a receive limit of MAX_FRAME_BYTES now gets the result."""
+    client with a receive limit of MAX_RESULT_FRAME_BYTES now gets the result."""
     with start_host(sandbox_token) as host:
         ws = wsclient.create_connection(host.url, timeout=scaled(10))
         try:
@@ -63,4 +63,10 @@ def test_a_real_host_sends_escaped_output_within_the_frame_limit(sandbox_token):
             ws.close()
     assert frame.status == "succeeded"
     assert frame.stdout.startswith("\x01" * 100_000)
-    assert frame.stdout.endswith(p.RESULT_TRUNCATED_MARKER.format(limit=p.MAX_FRAME_BYTES))
+    assert frame.stdout.endswith(p.RESULT_TRUNCATED_MARKER.format(limit=p.MAX_RESULT_FRAME_BYTES))
+
+
+def test_two_full_streams_of_plain_text_are_never_cut_twice():
+    full = p.truncate_output("x" * (2 * p.MAX_OUTPUT_BYTES))
+    frame = p.Result(id="a", status="succeeded", exit_code=0, stdout=full, stderr=full)
+    assert p.fit_result(frame) is frame
