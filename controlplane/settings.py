@@ -159,6 +159,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "controlplane.ratelimit_middleware.AdminLoginRateLimit",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -402,6 +403,18 @@ RUNS_MAX_TIMEOUT_S = env_int("HOLDFAST_RUNS_MAX_TIMEOUT_S", 24 * 3600, minimum=1
 RUNS_MAX_EVENTS_PER_BATCH = env_int("HOLDFAST_RUNS_MAX_EVENTS_PER_BATCH", 500, minimum=1)
 # Bytes of one events body. The runner caps a batch near 900 KiB after redaction.
 RUNS_MAX_EVENTS_BODY_BYTES = env_int("HOLDFAST_RUNS_MAX_EVENTS_BODY_BYTES", 1024 * 1024, minimum=1024)
+# Rate limits on the runner API, per window of this many seconds (Django's cache counts).
+# Per run key: a runner sends at most ~10 event batches a second plus its polls; 600 in
+# 10 s is six times that, so only a runaway or hostile loop meets it. Per client address:
+# every runner of a host arrives through that host's relay, so it is high; it stops a
+# flood of made-up keys from one address. Answered 429 with Retry-After.
+RUNS_API_RATE_WINDOW_S = env_float("HOLDFAST_RUNS_API_RATE_WINDOW_S", 10.0, minimum=1.0)
+RUNS_API_RATE_PER_KEY = env_int("HOLDFAST_RUNS_API_RATE_PER_KEY", 600, minimum=1)
+RUNS_API_RATE_PER_ADDRESS = env_int("HOLDFAST_RUNS_API_RATE_PER_ADDRESS", 20_000, minimum=1)
+# Admin sign-in attempts (POSTs to the login page) per client address per window: enough
+# for typos, far too few to guess a password.
+ADMIN_LOGIN_RATE_LIMIT = env_int("HOLDFAST_ADMIN_LOGIN_RATE_LIMIT", 10, minimum=1)
+ADMIN_LOGIN_RATE_WINDOW_S = env_float("HOLDFAST_ADMIN_LOGIN_RATE_WINDOW_S", 300.0, minimum=1.0)
 # Events one run may store. A run may stream for a day; without a quota one chatty or
 # hostile job fills the database. 100,000 events (a line every second for a day and some)
 # then one events_truncated event; later batches are refused with 409 events_truncated.

@@ -9,6 +9,7 @@
     ├── MethodNotAllowed           method_not_allowed 405
     ├── BadRequest                 bad_request     400  malformed JSON or fields
     ├── TooLarge                   too_large       413  body or batch over its bound
+    ├── RateLimited                rate_limited    429  too many requests (carries Retry-After)
     └── Conflict                                   409
         ├── RunTerminal            run_terminal         the run already ended (carries its status)
         ├── InstanceConflict       instance_conflict    another runner instance said hello
@@ -39,6 +40,7 @@ class ErrorCode(StrEnum):
     REQUEST_KEY_CONFLICT = "request_key_conflict"
     LIMIT_REACHED = "limit_reached"
     EVENTS_TRUNCATED = "events_truncated"
+    RATE_LIMITED = "rate_limited"
 
 
 HTTP_STATUS: dict[ErrorCode, int] = {
@@ -54,6 +56,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.REQUEST_KEY_CONFLICT: 409,
     ErrorCode.LIMIT_REACHED: 409,
     ErrorCode.EVENTS_TRUNCATED: 409,
+    ErrorCode.RATE_LIMITED: 429,
 }
 
 
@@ -156,3 +159,15 @@ class EventsTruncated(Conflict):
 
     code = ErrorCode.EVENTS_TRUNCATED
     default_message = "the run's events are truncated: no more events are accepted"
+
+
+class RateLimited(RunsError):
+    """Too many requests for one run key or one client address; ``retry_after_s`` is
+    sent as ``Retry-After``, which the runner's transport honours."""
+
+    code = ErrorCode.RATE_LIMITED
+    default_message = "too many requests; retry after the Retry-After seconds"
+
+    def __init__(self, retry_after_s: int) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__()

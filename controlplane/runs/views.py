@@ -20,8 +20,10 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from controlplane import ratelimit
+
 from . import actions, credentials, payloads
-from .errors import MethodNotAllowed, RunNotFound, RunsError, RunTerminal, Unauthorized
+from .errors import MethodNotAllowed, RateLimited, RunNotFound, RunsError, RunTerminal, Unauthorized
 from .models import Run, RunArtifact
 
 Handler = Callable[[HttpRequest, Run], HttpResponse]
@@ -35,7 +37,26 @@ def _bearer(request: HttpRequest) -> str:
     return token
 
 
+def _rate_limit(request: HttpRequest) -> None:
+    """Per client address first (a flood of made-up keys), then per run key (one
+    runaway runner). Counted before any database work, so a flood costs cache hits."""
+    retry = ratelimit.hit(
+        "runner-addr",
+        ratelimit.client_address(request),
+        limit=settings.RUNS_API_RATE_PER_ADDRESS,
+        window_s=settings.RUNS_API_RATE_WINDOW_S,
+    )
+    if retry is None:
+        _, _, token = request.headers.get("Authorization", "").partition(" ")
+        retry = ratelimit.hit(
+            "runner-key", token.strip(), limit=settings.RUNS_API_RATE_PER_KEY, window_s=settings.RUNS_API_RATE_WINDOW_S
+        )
+    if retry is not None:
+        raise RateLimited(retry)
+
+
 def authenticate(request: HttpRequest, run_id: str, credential: str) -> Run:
+    _rate_limit(request)
     token = _bearer(request)
     try:
         pk = uuid.UUID(run_id)
@@ -64,6 +85,8 @@ def error_response(exc: RunsError) -> JsonResponse:
     response = JsonResponse(exc.body(), status=exc.http_status)
     if isinstance(exc, MethodNotAllowed):
         response["Allow"] = ", ".join(exc.allowed)
+    if isinstance(exc, RateLimited):
+        response["Retry-After"] = str(exc.retry_after_s)
     return response
 
 
