@@ -1,5 +1,6 @@
 """``python -m sandbox_host --listen HOST:PORT [--host-id ID] [--drain-grace-s N]
-[--auth-timeout-s N] [--max-concurrent N] [--max-runs N] [--state-dir DIR] [--isolation NAME]``.
+[--auth-timeout-s N] [--max-concurrent N] [--max-runs N] [--max-pre-auth N]
+[--max-pre-auth-per-peer N] [--state-dir DIR] [--isolation NAME]``.
 
 The token comes from ``HOLDFAST_SANDBOX_TOKEN`` only (never argv, which ``ps`` shows).
 Exit codes: 0 after a SIGTERM drain, 2 for a usage or configuration error.
@@ -76,6 +77,18 @@ def main(argv: list[str] | None = None) -> int:
         help="run sandboxes alive at once; more launches are answered not_started(at_capacity)",
     )
     parser.add_argument(
+        "--max-pre-auth",
+        type=int,
+        default=defaults.DEFAULT_MAX_PRE_AUTH,
+        help="connections not yet authenticated, host-wide; more are refused at once",
+    )
+    parser.add_argument(
+        "--max-pre-auth-per-peer",
+        type=int,
+        default=defaults.DEFAULT_MAX_PRE_AUTH_PER_PEER,
+        help="connections not yet authenticated per peer address; more are refused at once",
+    )
+    parser.add_argument(
         "--state-dir",
         default="",
         help="where run records live (default: holdfast-host-<host id> under the temp dir); "
@@ -91,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-concurrent must be >= 1")
     if args.max_runs < 0:
         parser.error("--max-runs must be >= 0")
+    if args.max_pre_auth < 1 or args.max_pre_auth_per_peer < 1:
+        parser.error("--max-pre-auth and --max-pre-auth-per-peer must be >= 1")
 
     # Taken out of our environment so no child we start can inherit it by accident.
     token = os.environ.pop(TOKEN_ENV, "")
@@ -132,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             auth_timeout_s=args.auth_timeout_s,
             max_concurrent=args.max_concurrent,
             max_runs=args.max_runs,
+            max_pre_auth=args.max_pre_auth,
+            max_pre_auth_per_peer=args.max_pre_auth_per_peer,
             state_dir=args.state_dir,
         ),
     )
