@@ -326,6 +326,13 @@ _ensure_embedded_dirs()
 SANDBOX_URL = env_str("HOLDFAST_SANDBOX_URL", "")
 # Shared secret every host checks on the first frame. Never logged, never sent to a child.
 SANDBOX_TOKEN = env_str("HOLDFAST_SANDBOX_TOKEN", "")
+# PEM bundle of the CA(s) that sign the hosts' certificates, for wss:// URLs (hosts run
+# with --tls-cert/--tls-key, or a TLS balancer in front of them). Empty: the system's
+# CAs. Verification (certificate and host name) is never off: the token and launch keys
+# cross this wire, and the token grants code execution.
+SANDBOX_CA_BUNDLE = env_str("HOLDFAST_SANDBOX_CA_BUNDLE", "")
+if SANDBOX_CA_BUNDLE and not Path(SANDBOX_CA_BUNDLE).is_file():
+    raise _refuse("HOLDFAST_SANDBOX_CA_BUNDLE", SANDBOX_CA_BUNDLE, "the path of a readable PEM file")
 # Max age of one connection (seconds), jittered down by up to 20% per connection. After
 # it a connection takes no new work, finishes what it runs and closes, so a host that a
 # balancer deregistered drains before its deregistration delay ends. Below 1 s is a

@@ -1,6 +1,6 @@
 """``python -m sandbox_host --listen HOST:PORT [--host-id ID] [--drain-grace-s N]
 [--auth-timeout-s N] [--max-concurrent N] [--max-runs N] [--max-pre-auth N]
-[--max-pre-auth-per-peer N] [--state-dir DIR] [--isolation NAME]``.
+[--max-pre-auth-per-peer N] [--tls-cert PEM --tls-key PEM] [--state-dir DIR] [--isolation NAME]``.
 
 The token comes from ``HOLDFAST_SANDBOX_TOKEN`` only (never argv, which ``ps`` shows).
 Exit codes: 0 after a SIGTERM drain, 2 for a usage or configuration error.
@@ -14,6 +14,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import sys
 
 from . import defaults, uids
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         default=defaults.DEFAULT_MAX_PRE_AUTH_PER_PEER,
         help="connections not yet authenticated per peer address; more are refused at once",
     )
+    parser.add_argument("--tls-cert", default="", help="PEM certificate chain: serve wss:// (needs --tls-key)")
+    parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     parser.add_argument(
         "--state-dir",
         default="",
@@ -106,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-runs must be >= 0")
     if args.max_pre_auth < 1 or args.max_pre_auth_per_peer < 1:
         parser.error("--max-pre-auth and --max-pre-auth-per-peer must be >= 1")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
 
     # Taken out of our environment so no child we start can inherit it by accident.
     token = os.environ.pop(TOKEN_ENV, "")
@@ -135,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"holdfast-host: {exc}", file=sys.stderr)
         return 2
+    tls = None
+    if args.tls_cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            tls.load_cert_chain(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            print(f"holdfast-host: cannot load --tls-cert/--tls-key: {exc.__class__.__name__}", file=sys.stderr)
+            return 2
     listener = socket.create_server(args.listen, backlog=128)
     address, port = listener.getsockname()[:2]
     host = Host(
@@ -151,10 +165,12 @@ def main(argv: list[str] | None = None) -> int:
             max_pre_auth_per_peer=args.max_pre_auth_per_peer,
             state_dir=args.state_dir,
         ),
+        tls=tls,
     )
     drain.append(host.drain_requested)
     log("host_listening", address=f"{address}:{port}", host_id=host_id, isolation=isolation.name)
-    print(f"holdfast-host listening ws://{address}:{port} host_id={host_id} isolation={isolation.name}", flush=True)
+    url = f"{'wss' if tls else 'ws'}://{address}:{port}"
+    print(f"holdfast-host listening {url} host_id={host_id} isolation={isolation.name}", flush=True)
     host.serve()
     log("host_exited", host_id=host_id)
     return 0

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -50,9 +51,19 @@ class Settings:
 
 class Host:
     def __init__(
-        self, *, listener: socket.socket, token: str, host_id: str, isolation: Isolation, settings: Settings
+        self,
+        *,
+        listener: socket.socket,
+        token: str,
+        host_id: str,
+        isolation: Isolation,
+        settings: Settings,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.listener = listener
+        # With a context, every accepted socket speaks TLS (wss://); the handshake runs in
+        # the connection's thread, so a slow peer never holds the accept loop.
+        self.tls = tls
         self.token = token
         self.host_id = host_id
         self.isolation = isolation
@@ -140,6 +151,8 @@ class Host:
             with self._lock:
                 refusal = self._admit(addr[0])
                 if not refusal:
+                    if self.tls is not None:
+                        sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                     conn = Connection(self, sock, f"{addr[0]}:{addr[1]}", f"c{next(self._ids)}")
                     self._connections.add(conn)
                     self._pre_auth.add(conn)

@@ -11,6 +11,7 @@ WebSocket the control plane opens to a host goes through ``create_connection`` h
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import websocket
@@ -53,6 +54,20 @@ class LimitedWebSocket(websocket.WebSocket):
         self.cont_frame = _LimitedContinuation(kwargs.get("fire_cont_frame", False), skip)
 
 
+def tls_options() -> dict[str, Any]:
+    """Certificate verification for ``wss://``: always on (certificate and host name),
+    against HOLDFAST_SANDBOX_CA_BUNDLE when set (a private CA), else the system's CAs."""
+    from django.conf import settings
+
+    options: dict[str, Any] = {"cert_reqs": ssl.CERT_REQUIRED, "check_hostname": True}
+    if settings.SANDBOX_CA_BUNDLE:
+        options["ca_certs"] = settings.SANDBOX_CA_BUNDLE
+    return options
+
+
 def create_connection(url: str, **options: Any) -> websocket.WebSocket:
-    """``websocket.create_connection`` with the receive limit."""
+    """``websocket.create_connection`` with the receive limit, and for ``wss://`` URLs
+    certificate verification (``tls_options``)."""
+    if url.startswith("wss://"):
+        options.setdefault("sslopt", tls_options())
     return websocket.create_connection(url, class_=LimitedWebSocket, **options)
