@@ -133,7 +133,7 @@ def _sqlite(path: Path) -> dict:
 
 # A fixed key only for the embedded default (long and varied enough that `check
 # --deploy` accepts it on one machine); anything else must set DJANGO_SECRET_KEY, and
-# is refused below if it does not. Run keys and push tokens are HMACs of this key
+# is refused below if it does not. Run keys and session tokens are HMACs of this key
 # (controlplane/runs/credentials.py): see docs/operations.md before rotating it.
 EMBEDDED_SECRET_KEY = "holdfast-embedded-default-NOT-for-production-7f3a9c1e5b2d8046"  # noqa: S105
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", EMBEDDED_SECRET_KEY)
@@ -430,20 +430,11 @@ RUNS_MAX_EVENTS_PER_RUN = env_int("HOLDFAST_RUNS_MAX_EVENTS_PER_RUN", 100_000, m
 # JSON escaping may double it; beyond this the event is not output but abuse, and the
 # run's events are truncated as above.
 RUNS_MAX_EVENT_BYTES = env_int("HOLDFAST_RUNS_MAX_EVENT_BYTES", 256 * 1024, minimum=1024)
-# Bytes of a session-state archive and of a transcript. Both are stored in the database
-# (one row per run and kind), so they are bounded well below PostgreSQL's 1 GB bytea.
-RUNS_MAX_SESSION_STATE_BYTES = env_int("HOLDFAST_RUNS_MAX_SESSION_STATE_BYTES", 64 * 1024 * 1024, minimum=1024)
-RUNS_MAX_TRANSCRIPT_BYTES = env_int("HOLDFAST_RUNS_MAX_TRANSCRIPT_BYTES", 32 * 1024 * 1024, minimum=1024)
-# Bytes of the small JSON bodies (hello, push-token) and of a result (its summary).
+# Bytes of the small JSON body of hello and of a result (its summary).
 RUNS_MAX_SMALL_BODY_BYTES = 16 * 1024
 RUNS_MAX_RESULT_BODY_BYTES = env_int("HOLDFAST_RUNS_MAX_RESULT_BODY_BYTES", 256 * 1024, minimum=1024)
 # Characters of a run's error text kept on the row (after redaction): a diagnosis, not a log.
 RUNS_MAX_ERROR_CHARS = 4000
-# Lifetime of a push token (seconds): long enough for one push, short enough that a
-# leaked one is soon worthless. Tokens are also revoked when the run ends.
-RUNS_PUSH_TOKEN_TTL_S = env_int("HOLDFAST_RUNS_PUSH_TOKEN_TTL_S", 15 * 60, minimum=30)
-# Push tokens one run may hold (one per request key): a runner loop cannot mint without end.
-RUNS_MAX_PUSH_TOKENS_PER_RUN = env_int("HOLDFAST_RUNS_MAX_PUSH_TOKENS_PER_RUN", 64, minimum=1)
 
 # --- Operations (the host registry, the drain page, drain_host) -----------------------
 

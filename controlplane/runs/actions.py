@@ -3,11 +3,11 @@
 Rules kept here (DESIGN.md, Runs):
 - Each lifecycle UPDATE is a compare-and-set on the status it expects, so a redelivered
   task or a replayed request can never move a run twice.
-- Every terminal path goes through ``_finish``: it claims the row, revokes the run's keys
-  and push tokens, wipes its injected secrets, records a ``result`` event and seals the
+- Every terminal path goes through ``_finish``: it claims the row, revokes the run's keys,
+  wipes its injected secrets, records a ``result`` event and seals the
   receipt, all in one transaction. Follow-ups happen only when the claim landed.
-- Appends, artifact writes and push-token mints lock the run row first, so nothing is
-  added after the receipt is sealed and sequence numbers have no gaps.
+- Appends lock the run row first, so nothing is added after the receipt is sealed and
+  sequence numbers have no gaps.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
@@ -27,20 +27,15 @@ from .errors import (
     BatchKeyConflict,
     EventsTruncated,
     InstanceConflict,
-    LimitReached,
-    RequestKeyConflict,
     RunNotFound,
     RunTerminal,
-    SessionStateMissing,
     Unauthorized,
 )
 from .jobs import validate_job, validate_owner, validate_secrets
 from .models import (
     LIVE_STATUSES,
-    PushToken,
     Receipt,
     Run,
-    RunArtifact,
     RunEvent,
     RunEventBatch,
     RunStatus,
@@ -203,75 +198,6 @@ def _truncate_events(run: Run, seq: int, data: dict) -> None:
     )
 
 
-def save_artifact(run_id: object, kind: str, data: bytes) -> str:
-    """Store the run's session state or transcript (last writer wins); return its URI."""
-    with transaction.atomic():
-        run = _locked_live(run_id)
-        RunArtifact.objects.update_or_create(
-            run=run,
-            kind=kind,
-            defaults={
-                "data": data,
-                "size": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "updated_at": timezone.now(),
-            },
-        )
-    return artifact_uri(run.id, kind)
-
-
-def artifact_uri(run_id: object, kind: str) -> str:
-    return f"holdfast://runs/{run_id}/{kind}"
-
-
-def load_session_state(run_id: object) -> bytes:
-    data = (
-        RunArtifact.objects.filter(run_id=run_id, kind=RunArtifact.Kind.SESSION_STATE)
-        .values_list("data", flat=True)
-        .first()
-    )
-    if data is None:
-        raise SessionStateMissing()
-    return bytes(data)
-
-
-def mint_push_token(run_id: object, request_key: str, scope: str) -> tuple[str, datetime]:
-    """The push token for ``request_key``: minted once (one row), the same on replay."""
-    with transaction.atomic():
-        run = _locked_live(run_id)
-        token = credentials.derive(credentials.PUSH, str(run.id), run.token_salt, request_key)
-        existing = PushToken.objects.filter(run=run, request_key=request_key).first()
-        if existing is not None:
-            if existing.scope != scope:
-                raise RequestKeyConflict()
-            return token, existing.expires_at
-        if PushToken.objects.filter(run=run).count() >= settings.RUNS_MAX_PUSH_TOKENS_PER_RUN:
-            raise LimitReached(f"at most {settings.RUNS_MAX_PUSH_TOKENS_PER_RUN} push tokens per run")
-        expires_at = timezone.now() + timedelta(seconds=settings.RUNS_PUSH_TOKEN_TTL_S)
-        PushToken.objects.create(
-            run=run,
-            request_key=request_key,
-            scope=scope,
-            token_hash=credentials.digest(token),
-            expires_at=expires_at,
-        )
-    return token, expires_at
-
-
-def check_push_token(token: str, scope: str) -> Run | None:
-    """The live run a push token belongs to, if it is unexpired, unrevoked and scoped
-    to ``scope``; None otherwise. For whatever accepts pushes."""
-    row = (
-        PushToken.objects.select_related("run")
-        .filter(token_hash=credentials.digest(token), scope=scope, revoked_at__isnull=True)
-        .filter(expires_at__gt=timezone.now())
-        .first()
-    )
-    if row is None or row.run.is_terminal:
-        return None
-    return row.run
-
-
 def record_result(run_id: object, status: str, *, exit_code: int | None, error: str, summary: dict) -> Receipt:
     """The runner's verdict: terminal, receipt sealed, keys revoked. A second verdict
     (a replay, or a race with cancel or reconcile) raises ``RunTerminal`` with the
@@ -364,7 +290,6 @@ def _finish(
         )
         if not claimed:
             return None
-        PushToken.objects.filter(run=run, revoked_at__isnull=True).update(revoked_at=now)
         RunEvent.objects.create(
             run=run,
             seq=_next_seq(run),

@@ -24,7 +24,7 @@ from controlplane import ratelimit
 
 from . import actions, credentials, payloads
 from .errors import MethodNotAllowed, RateLimited, RunNotFound, RunsError, RunTerminal, Unauthorized
-from .models import Run, RunArtifact
+from .models import Run
 
 Handler = Callable[[HttpRequest, Run], HttpResponse]
 
@@ -124,27 +124,6 @@ def events(request: HttpRequest, run: Run) -> HttpResponse:
     batch_key, batch = payloads.parse_events(request)
     first_seq, count = actions.append_events(run.id, batch_key, batch)
     return JsonResponse({"first_seq": first_seq, "count": count})
-
-
-@runner_endpoint(("GET", "POST"))
-def session_state(request: HttpRequest, run: Run) -> HttpResponse:
-    if request.method == "GET":
-        return HttpResponse(actions.load_session_state(run.id), content_type="application/octet-stream")
-    data = payloads.read_body(request, settings.RUNS_MAX_SESSION_STATE_BYTES)
-    return JsonResponse({"uri": actions.save_artifact(run.id, RunArtifact.Kind.SESSION_STATE, data)})
-
-
-@runner_endpoint(("POST",))
-def transcript(request: HttpRequest, run: Run) -> HttpResponse:
-    data = payloads.read_body(request, settings.RUNS_MAX_TRANSCRIPT_BYTES)
-    return JsonResponse({"uri": actions.save_artifact(run.id, RunArtifact.Kind.TRANSCRIPT, data)})
-
-
-@runner_endpoint(("POST",))
-def push_token(request: HttpRequest, run: Run) -> HttpResponse:
-    request_key, scope = payloads.parse_push_token(request)
-    token, expires_at = actions.mint_push_token(run.id, request_key, scope)
-    return JsonResponse({"token": token, "expires_at": expires_at.isoformat()})
 
 
 @runner_endpoint(("POST",))

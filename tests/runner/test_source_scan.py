@@ -17,10 +17,6 @@ NETWORK_MODULES = ("socket", "ssl", "http", "urllib.request", "asyncio", "select
 NETWORK_MODULES += ("requests", "httpx", "urllib3", "aiohttp", "websocket", "websockets")
 # In the table for a later issue (steering); nothing calls it yet.
 NOT_YET_CALLED = {"steer"}
-# Routes the control plane serves that no runner code path calls: the runner's helpers
-# for them were never called from its entry point and are removed (issue 11, dead ends);
-# giving the job a way to use these routes, or removing them, is still open.
-NO_RUNNER_CALLER = {"session-state", "transcript", "push-token"}
 ENTRY_POINT = "__main__.py"
 
 
@@ -120,7 +116,7 @@ def test_every_table_entry_is_called_or_known_to_be_pending() -> None:
     not make its endpoint "called"."""
     called = reachable_endpoints(runner_sources())
     assert {"hello", "bundle", "events", "result"} <= called
-    assert set(ENDPOINT_POLICIES) - called == NOT_YET_CALLED | NO_RUNNER_CALLER
+    assert set(ENDPOINT_POLICIES) - called == NOT_YET_CALLED
 
 
 def test_no_runner_function_is_a_dead_end() -> None:
