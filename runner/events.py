@@ -223,9 +223,15 @@ def pump_lines(
 ) -> None:
     """Read a child's pipe to its end, one event per line. Reading never stops early: after
     the drain fails for good ``emit`` discards at once, so the child is never left blocked
-    on a full pipe and can exit."""
+    on a full pipe and can exit.
+
+    A line is decoded as UTF-8 with each invalid byte sequence replaced by U+FFFD, and
+    each NUL byte is replaced by U+FFFD too: PostgreSQL's jsonb cannot hold U+0000, and
+    the API refuses a batch containing it, which would cost the run all its output.
+    Those two replacements are the only ones (docs/runner-api.md)."""
     while True:
         line = pipe.readline(line_max_bytes)
         if not line:
             return
-        stream.emit(type_, {"line": line.decode("utf-8", "replace").rstrip("\n")})
+        text = line.decode("utf-8", "replace").replace("\x00", "\ufffd")
+        stream.emit(type_, {"line": text.rstrip("\n")})
