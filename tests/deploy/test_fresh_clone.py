@@ -42,9 +42,18 @@ def test_procfile_processes_and_execute_on_a_fresh_clone(tmp_path):
     var_dir = tmp_path / "clone" / "var"  # its parent does not exist either
     env = embedded_env(var_dir)
 
-    before_migrate = manage(env, "execute", "--code", "print(1)")
-    assert before_migrate.returncode != 0
-    assert "migrate" in one_line(before_migrate.stderr)
+    run_id = "3f1d6c2e-0000-4000-8000-000000000001"
+    for command in (
+        ("execute", "--code", "print(1)"),
+        ("create_run", "--shell", "echo hi"),
+        ("show_run", run_id),
+        ("cancel_run", run_id),
+        ("register_host", "h1"),
+        ("drain_host", "h1"),
+    ):
+        before_migrate = manage(env, *command)
+        assert before_migrate.returncode != 0, command
+        assert "migrate" in one_line(before_migrate.stderr), command
 
     # The Procfile's web line starts with migrate.
     migrated = manage(env, "migrate", "--noinput")
@@ -71,3 +80,9 @@ def test_procfile_processes_and_execute_on_a_fresh_clone(tmp_path):
     no_worker = manage(env, "execute", "--code", "print(1)", "--pickup-wait", "1")
     assert no_worker.returncode == 130
     assert "No worker picked up the execution" in one_line(no_worker.stderr)
+
+    # A broker that does not answer: one line naming it (never its password).
+    no_broker = manage({**env, "CELERY_BROKER_URL": "redis://:hunter2@127.0.0.1:1/0"}, "create_run", "--shell", "true")
+    assert no_broker.returncode == 1
+    line = one_line(no_broker.stderr)
+    assert "cannot reach the Celery broker (127.0.0.1:1/0)" in line and "hunter2" not in line

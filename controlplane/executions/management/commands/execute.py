@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError
-from kombu.exceptions import OperationalError as KombuOperationalError
+from django.core.management.base import CommandError
+
+from controlplane.commands import HoldfastCommand
 
 # Exit codes for outcomes that have no exit status of their own, after coreutils'
 # timeout(1) and sysexits.h, so shell scripts can tell them apart.
@@ -19,7 +19,7 @@ EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: it may have run; look before retrying
 EXIT_SYSTEM = 70  # EX_SOFTWARE
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Execute a Python snippet in a sandbox and print its output."
 
     def add_arguments(self, parser) -> None:
@@ -58,13 +58,6 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        except DatabaseError as exc:
-            # One line an operator can act on, not a traceback (a fresh clone has not
-            # migrated yet; a production database may be down).
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CommandError(f"database error: {first} (has `python manage.py migrate` run?)") from None
-        except KombuOperationalError as exc:
-            raise CommandError(f"cannot reach the Celery broker {settings.CELERY_BROKER_URL!r}: {exc}") from None
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
         if (result.error and result.status != "failed") or (result.status == "failed" and result.exit_code is None):
