@@ -117,7 +117,13 @@ class Connection:
                     continue
             # Before auth read at most one byte past the cap, so it is crossed exactly.
             size = 65536 if self.authenticated else protocol.PRE_AUTH_MAX_BYTES - self.pre_auth_bytes + 1
-            data = self.sock.recv(size)
+            if isinstance(self.sock, ssl.SSLSocket):
+                # One TLS connection object must not read and write in two threads at
+                # once (OpenSSL); execution threads write under this lock.
+                with self.lock:
+                    data = self.sock.recv(size)
+            else:
+                data = self.sock.recv(size)
             if not data:
                 with self.lock:
                     self.ws.receive_eof()

@@ -46,8 +46,8 @@ def _rate_limit(request: HttpRequest) -> None:
         limit=settings.RUNS_API_RATE_PER_ADDRESS,
         window_s=settings.RUNS_API_RATE_WINDOW_S,
     )
-    if retry is None:
-        _, _, token = request.headers.get("Authorization", "").partition(" ")
+    _, _, token = request.headers.get("Authorization", "").partition(" ")
+    if retry is None and token.strip():
         retry = ratelimit.hit(
             "runner-key", token.strip(), limit=settings.RUNS_API_RATE_PER_KEY, window_s=settings.RUNS_API_RATE_WINDOW_S
         )

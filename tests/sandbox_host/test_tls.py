@@ -96,3 +96,28 @@ def test_the_launch_driver_launches_over_wss(tls_host, ca_bundle, sandbox_token)
     with override_settings(SANDBOX_CA_BUNDLE=ca_bundle):
         ack = driver().launch(request)
     assert ack.host_id == tls_host.host_id and not ack.already_launched
+
+
+def test_concurrent_executions_share_one_wss_connection(tls_host, ca_bundle, sandbox_token):
+    """Results written by execution threads while the reader waits on the same TLS
+    connection: every one arrives intact."""
+    import threading
+
+    pool = SandboxPool(replace(BASE, url=tls_host.url, token=sandbox_token, max_connections=1))
+    outcomes: list[object] = []
+
+    def one(i: int) -> None:
+        code = f"import time\ntime.sleep(0.2)\nprint('n{i}' * 1000)"
+        outcomes.append(pool.run(ExecRequest(id=uuid.uuid4().hex, code=code, timeout_ms=20_000, memory_mb=256)))
+
+    try:
+        with override_settings(SANDBOX_CA_BUNDLE=ca_bundle):
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(scaled(60))
+    finally:
+        pool.close()
+    assert sorted(o.stdout for o in outcomes) == sorted(f"{'n' + str(i)}" * 1000 + "\n" for i in range(8))
+    assert {o.status for o in outcomes} == {"succeeded"}
