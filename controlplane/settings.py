@@ -9,6 +9,7 @@ production parts; the code is the same on both.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -22,30 +23,58 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("HOLDFAST_VAR_DIR", BASE_DIR / "var"))
 
 
+# Messages about settings that start-up must say loudly but that do not stop it (a max
+# age below 1 s falls back to the default). settings.py runs before logging exists, so
+# they are printed to stderr here and logged again once logging is up
+# (controlplane.executions.apps).
+STARTUP_WARNINGS: list[str] = []
+
+
+def _refuse(name: str, raw: str, expected: str) -> ImproperlyConfigured:
+    # Quoted and bounded: the value is an operator's typo, never a secret we parse.
+    return ImproperlyConfigured(f"{name}={raw[:80]!r} is not valid: expected {expected}")
+
+
 def env_str(name: str, default: str) -> str:
     return os.environ.get(name, default)
+
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 
 def env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
+    word = raw.strip().lower()
+    if word not in TRUE_WORDS | FALSE_WORDS:
+        raise _refuse(name, raw, "one of 1/true/yes/on or 0/false/no/off")
+    return word in TRUE_WORDS
 
 
-def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
-    """Parse a number strictly: anything that is not a finite number, or is below
-    ``minimum``, falls back to the default rather than half-applying a typo."""
+def env_float(name: str, default: float, *, minimum: float | None = None, below_minimum: str = "refuse") -> float:
+    """Parse a number strictly. Anything that is not a finite number stops start-up
+    with ImproperlyConfigured naming the variable: a half-applied typo (``90s`` running
+    as the default 120) breaks promises sized on the value, with no signal. A value
+    below ``minimum`` is refused too, unless ``below_minimum="default"``: then it falls
+    back to the default and says so loudly at start-up."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
+    expected = "a number" + (f" >= {minimum:g}" if minimum is not None else "") + " (plain digits, no unit)"
     try:
         value = float(raw.strip())
     except ValueError:
-        return default
+        raise _refuse(name, raw, expected) from None
     if value != value or value in (float("inf"), float("-inf")):
-        return default
+        raise _refuse(name, raw, expected)
     if minimum is not None and value < minimum:
+        if below_minimum != "default":
+            raise _refuse(name, raw, expected)
+        message = f"{name}={raw.strip()} is below {minimum:g}: running with the default {default:g} instead"
+        STARTUP_WARNINGS.append(message)
+        print(f"holdfast settings WARNING: {message}", file=sys.stderr)
         return default
     return value
 
@@ -54,12 +83,13 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
+    expected = "a whole number" + (f" >= {minimum}" if minimum is not None else "") + " (plain digits, no unit)"
     try:
         value = int(raw.strip())
     except ValueError:
-        return default
+        raise _refuse(name, raw, expected) from None
     if minimum is not None and value < minimum:
-        return default
+        raise _refuse(name, raw, expected)
     return value
 
 
@@ -83,7 +113,7 @@ def database_from_url(url: str) -> dict:
         }
     if parsed.scheme == "sqlite":
         return _sqlite(Path(unquote(parsed.path)) if parsed.path else VAR_DIR / "holdfast.sqlite3")
-    raise ValueError(f"DATABASE_URL scheme {parsed.scheme!r} is not supported (postgres or sqlite)")
+    raise _refuse("DATABASE_URL", f"{parsed.scheme}://...", "postgres://user:pass@host:port/name or sqlite:///path")
 
 
 def _sqlite(path: Path) -> dict:
@@ -103,10 +133,15 @@ def _sqlite(path: Path) -> dict:
 
 # --- Django core -------------------------------------------------------------------
 
-# A fixed key only for the embedded default; production sets DJANGO_SECRET_KEY.
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "holdfast-embedded-default-not-for-production")
+# A fixed key only for the embedded default (long and varied enough that `check
+# --deploy` accepts it on one machine); anything else must set DJANGO_SECRET_KEY, and
+# is refused below if it does not. Run keys and session tokens are HMACs of this key
+# (controlplane/runs/credentials.py): see docs/operations.md before rotating it.
+EMBEDDED_SECRET_KEY = "holdfast-embedded-default-NOT-for-production-7f3a9c1e5b2d8046"  # noqa: S105
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", EMBEDDED_SECRET_KEY)
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",") if h]
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1", "testserver"})
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -126,6 +161,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "controlplane.ratelimit_middleware.AdminLoginRateLimit",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -157,6 +193,43 @@ TEMPLATES = [
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 DATABASES = {"default": database_from_url(DATABASE_URL) if DATABASE_URL else _sqlite(VAR_DIR / "holdfast.sqlite3")}
+
+# The embedded default: one machine, SQLite, served on loopback (or DEBUG). Anything
+# else (a PostgreSQL DATABASE_URL, or DEBUG off with a non-local host) is a deploy.
+EMBEDDED = DATABASES["default"]["ENGINE"].endswith("sqlite3") and (DEBUG or set(ALLOWED_HOSTS) <= LOCAL_HOSTS)
+if not EMBEDDED and SECRET_KEY == EMBEDDED_SECRET_KEY:
+    # Everyone can read the built-in key: with it, anyone could mint run keys and sessions.
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is not set, and this is not the embedded default (a PostgreSQL DATABASE_URL, "
+        "or DJANGO_DEBUG off with a non-local DJANGO_ALLOWED_HOSTS): refusing the built-in key. Generate one with "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'` (docs/operations.md)"
+    )
+
+# `manage.py check --deploy` runs clean (the Procfile's web line runs it first).
+# Cookies only over HTTPS in a deploy: the admin session is what an attacker wants.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("HOLDFAST_SECURE_COOKIES", not EMBEDDED)
+# HSTS (seconds) in a deploy: browsers then refuse plain HTTP to the admin for a year.
+SECURE_HSTS_SECONDS = env_int("HOLDFAST_HSTS_SECONDS", 0 if EMBEDDED else 365 * 24 * 3600, minimum=0)
+# Redirecting HTTP to HTTPS is the balancer's job for browsers; runners reach the
+# internal API over the sandbox relay, which may be plain HTTP on a private address.
+SECURE_SSL_REDIRECT = env_bool("HOLDFAST_SSL_REDIRECT", False)
+# Behind a TLS balancer that sets X-Forwarded-Proto, Django must believe it, or it
+# treats every request as HTTP (secure cookies, CSRF origin checks).
+if env_bool("HOLDFAST_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SILENCED_SYSTEM_CHECKS = [
+    # W008 (no SSL redirect): see SECURE_SSL_REDIRECT above; HOLDFAST_SSL_REDIRECT=1 where
+    # every client speaks HTTPS.
+    "security.W008",
+    # W005/W021 (HSTS for subdomains, preload): a decision about the operator's whole
+    # domain, not Holdfast's to make.
+    "security.W005",
+    "security.W021",
+]
+if EMBEDDED:
+    # The embedded default serves loopback over plain HTTP: secure cookies and HSTS
+    # would lock its own admin out.
+    SILENCED_SYSTEM_CHECKS += ["security.W004", "security.W012", "security.W016"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis in production (shared by every worker, so the drain page sees them all); the
@@ -198,7 +271,9 @@ LOGGING = {
 
 # --- Celery --------------------------------------------------------------------------
 
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+# The filesystem transport ignores the host; naming one keeps kombu from warning on
+# every publish that it "reverts to localhost" (noise on every command's stderr).
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://localhost/")
 _BROKER_DIR = VAR_DIR / "broker"
 # Executions are stored on their rows; Celery's result backend would be a second copy.
 CELERY_TASK_IGNORE_RESULT = True
@@ -256,6 +331,23 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+
+def _ensure_embedded_dirs() -> None:
+    """The embedded default must work from a fresh clone whichever process starts first
+    (the Procfile's web migrates, its worker lists the broker queue, ``manage.py execute``
+    opens the database): create what it keeps under ``var/`` here, the one place every
+    process passes through. The production parts need no directory."""
+    needed = []
+    if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        needed.append(Path(DATABASES["default"]["NAME"]).parent)
+    if CELERY_BROKER_URL.startswith("filesystem://"):
+        needed += [_BROKER_DIR / "queue", _BROKER_DIR / "processed", _BROKER_DIR / "control"]
+    for path in needed:
+        path.mkdir(parents=True, exist_ok=True)
+
+
+_ensure_embedded_dirs()
+
 # --- Sandbox pool (per worker process) ------------------------------------------------
 
 # Where the pool dials: a load balancer in front of hosts, or one host. Unset means the
@@ -273,11 +365,18 @@ if SANDBOX_REQUIRED_ISOLATION not in _protocol.ISOLATION_LEVELS:
         f"HOLDFAST_REQUIRED_ISOLATION must be one of {', '.join(_protocol.ISOLATION_LEVELS)}; "
         f"got {SANDBOX_REQUIRED_ISOLATION!r}"
     )
+# PEM bundle of the CA(s) that sign the hosts' certificates, for wss:// URLs (hosts run
+# with --tls-cert/--tls-key, or a TLS balancer in front of them). Empty: the system's
+# CAs. Verification (certificate and host name) is never off: the token and launch keys
+# cross this wire, and the token grants code execution.
+SANDBOX_CA_BUNDLE = env_str("HOLDFAST_SANDBOX_CA_BUNDLE", "")
+if SANDBOX_CA_BUNDLE and not Path(SANDBOX_CA_BUNDLE).is_file():
+    raise _refuse("HOLDFAST_SANDBOX_CA_BUNDLE", SANDBOX_CA_BUNDLE, "the path of a readable PEM file")
 # Max age of one connection (seconds), jittered down by up to 20% per connection. After
 # it a connection takes no new work, finishes what it runs and closes, so a host that a
 # balancer deregistered drains before its deregistration delay ends. Below 1 s is a
-# typo, not a wish: it falls back to the default.
-SANDBOX_CONNECTION_MAX_AGE_S = env_float("HOLDFAST_CONNECTION_MAX_AGE_S", 120.0, minimum=1.0)
+# typo, not a wish: it falls back to the default, said loudly at start-up (the seed's rule).
+SANDBOX_CONNECTION_MAX_AGE_S = env_float("HOLDFAST_CONNECTION_MAX_AGE_S", 120.0, minimum=1.0, below_minimum="default")
 # Jitter spreads retirements so a worker's connections do not all reconnect at once;
 # downward only, so the max age stays an upper bound the balancer can be sized against.
 SANDBOX_CONNECTION_MAX_AGE_JITTER = 0.2
@@ -310,6 +409,16 @@ EXECUTION_STALE_GRACE_S = env_float("HOLDFAST_EXECUTION_STALE_GRACE_S", 120.0, m
 # A row still 'queued' this long had its message lost (crash between commit and
 # publish): the sweep publishes it again; the CAS claim makes a duplicate harmless.
 EXECUTION_REQUEUE_AFTER_S = env_float("HOLDFAST_EXECUTION_REQUEUE_AFTER_S", 60.0, minimum=5.0)
+# How long an outcome the database could not take is kept in the broker and retried
+# (store_outcome) before it is given up as lost, in seconds. A database outage of several
+# minutes (a failover, a restart, a network partition) must lose no result; half an hour
+# covers an operator's repair. Each retry is a new message held well inside the broker's
+# visibility timeout, so this may exceed it.
+EXECUTION_RESULT_STORE_PATIENCE_S = env_float("HOLDFAST_EXECUTION_RESULT_STORE_PATIENCE_S", 1800.0, minimum=1.0)
+# ``manage.py execute`` gives up on an execution no worker claimed within this many
+# seconds (it cancels the row, so it cannot run later with nobody listening) and says
+# that no worker is running: one clear line instead of a silent minute-long wait.
+EXECUTION_PICKUP_WAIT_S = env_float("HOLDFAST_EXECUTION_PICKUP_WAIT_S", 30.0, minimum=1.0)
 
 # --- Runs ----------------------------------------------------------------------------
 
@@ -340,20 +449,31 @@ RUNS_MAX_TIMEOUT_S = env_int("HOLDFAST_RUNS_MAX_TIMEOUT_S", 24 * 3600, minimum=1
 RUNS_MAX_EVENTS_PER_BATCH = env_int("HOLDFAST_RUNS_MAX_EVENTS_PER_BATCH", 500, minimum=1)
 # Bytes of one events body. The runner caps a batch near 900 KiB after redaction.
 RUNS_MAX_EVENTS_BODY_BYTES = env_int("HOLDFAST_RUNS_MAX_EVENTS_BODY_BYTES", 1024 * 1024, minimum=1024)
-# Bytes of a session-state archive and of a transcript. Both are stored in the database
-# (one row per run and kind), so they are bounded well below PostgreSQL's 1 GB bytea.
-RUNS_MAX_SESSION_STATE_BYTES = env_int("HOLDFAST_RUNS_MAX_SESSION_STATE_BYTES", 64 * 1024 * 1024, minimum=1024)
-RUNS_MAX_TRANSCRIPT_BYTES = env_int("HOLDFAST_RUNS_MAX_TRANSCRIPT_BYTES", 32 * 1024 * 1024, minimum=1024)
-# Bytes of the small JSON bodies (hello, push-token) and of a result (its summary).
+# Rate limits on the runner API, per window of this many seconds (Django's cache counts).
+# Per run key: a runner sends at most ~10 event batches a second plus its polls; 600 in
+# 10 s is six times that, so only a runaway or hostile loop meets it. Per client address:
+# every runner of a host arrives through that host's relay, so it is high; it stops a
+# flood of made-up keys from one address. Answered 429 with Retry-After.
+RUNS_API_RATE_WINDOW_S = env_float("HOLDFAST_RUNS_API_RATE_WINDOW_S", 10.0, minimum=1.0)
+RUNS_API_RATE_PER_KEY = env_int("HOLDFAST_RUNS_API_RATE_PER_KEY", 600, minimum=1)
+RUNS_API_RATE_PER_ADDRESS = env_int("HOLDFAST_RUNS_API_RATE_PER_ADDRESS", 20_000, minimum=1)
+# Admin sign-in attempts (POSTs to the login page) per client address per window: enough
+# for typos, far too few to guess a password.
+ADMIN_LOGIN_RATE_LIMIT = env_int("HOLDFAST_ADMIN_LOGIN_RATE_LIMIT", 10, minimum=1)
+ADMIN_LOGIN_RATE_WINDOW_S = env_float("HOLDFAST_ADMIN_LOGIN_RATE_WINDOW_S", 300.0, minimum=1.0)
+# Events one run may store. A run may stream for a day; without a quota one chatty or
+# hostile job fills the database. 100,000 events (a line every second for a day and some)
+# then one events_truncated event; later batches are refused with 409 events_truncated.
+RUNS_MAX_EVENTS_PER_RUN = env_int("HOLDFAST_RUNS_MAX_EVENTS_PER_RUN", 100_000, minimum=1)
+# Bytes of one event's data (encoded JSON). The runner cuts an output line at 64 KiB;
+# JSON escaping may double it; beyond this the event is not output but abuse, and the
+# run's events are truncated as above.
+RUNS_MAX_EVENT_BYTES = env_int("HOLDFAST_RUNS_MAX_EVENT_BYTES", 256 * 1024, minimum=1024)
+# Bytes of the small JSON body of hello and of a result (its summary).
 RUNS_MAX_SMALL_BODY_BYTES = 16 * 1024
 RUNS_MAX_RESULT_BODY_BYTES = env_int("HOLDFAST_RUNS_MAX_RESULT_BODY_BYTES", 256 * 1024, minimum=1024)
 # Characters of a run's error text kept on the row (after redaction): a diagnosis, not a log.
 RUNS_MAX_ERROR_CHARS = 4000
-# Lifetime of a push token (seconds): long enough for one push, short enough that a
-# leaked one is soon worthless. Tokens are also revoked when the run ends.
-RUNS_PUSH_TOKEN_TTL_S = env_int("HOLDFAST_RUNS_PUSH_TOKEN_TTL_S", 15 * 60, minimum=30)
-# Push tokens one run may hold (one per request key): a runner loop cannot mint without end.
-RUNS_MAX_PUSH_TOKENS_PER_RUN = env_int("HOLDFAST_RUNS_MAX_PUSH_TOKENS_PER_RUN", 64, minimum=1)
 
 # --- Reconcile (controlplane/runs/reconcile.py) ----------------------------------------
 

@@ -30,7 +30,7 @@ DEFAULT_RATE_LIMIT_WAIT_MAX_S = 60.0
 # Connect timeout 5 s: a control plane that does not accept in 5 s is down for our purposes,
 # and a connect timeout proves nothing reached a handler, so the call is retried.
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
-# Read timeout 60 s: longer than the slowest handler (a large session-state upload), and a
+# Read timeout 60 s: longer than the slowest handler (a large events batch), and a
 # stalled read is ambiguous, so only replay-safe endpoints try again.
 DEFAULT_READ_TIMEOUT_S = 60.0
 

@@ -14,6 +14,11 @@ A drain that fails for good (the transport gave up) stops sending but never bloc
 producer again: ``emit`` discards from then on, so the child is not stuck on a full pipe and
 can exit. The failure is kept in ``failure`` and reported once to each ``on_failure`` hook
 (the job runner uses one to clear an armed command timeout).
+
+A ``409 events_truncated`` answer is not a failure: the run reached its event quota (or
+sent an event over the size limit), the server recorded one ``events_truncated`` event,
+and it refuses every later batch. The stream stops sending, says so once on stderr, and
+discards from then on (``truncated``); the job keeps running and its verdict is its own.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import collections
 import datetime
 import json
+import sys
 import threading
 import time
 import uuid
@@ -28,7 +34,7 @@ from collections.abc import Callable
 from typing import IO, Any, Protocol
 
 from runner.redact import Redactor
-from runner.transport import TransportError
+from runner.transport import ServerRejected, TransportError
 
 # Limits
 # 50 events per batch: small enough that a batch is one quick transaction on the server.
@@ -41,6 +47,9 @@ DEFAULT_MAX_PENDING_EVENTS = 2 * DEFAULT_BATCH_MAX_EVENTS
 # One output line is cut here: a child printing a megabyte without a newline still makes
 # bounded events.
 DEFAULT_LINE_MAX_BYTES = 64 * 1024
+
+# The server's answer (409) once a run's events are truncated: stop sending, keep running.
+EVENTS_TRUNCATED_CODE = "events_truncated"
 
 # Timeouts
 # A partial batch waits at most 100 ms for company: output shows up promptly without a
@@ -83,6 +92,7 @@ class EventStream:
         self._pending: collections.deque[tuple[dict[str, Any], int, float]] = collections.deque()
         self._closing = False
         self.failure: TransportError | None = None
+        self.truncated = False
         self.sent = 0
         self.dropped = 0
         self._on_failure: list[Callable[[TransportError], None]] = []
@@ -101,17 +111,17 @@ class EventStream:
     def emit(self, type_: str, data: dict[str, Any]) -> bool:
         """Queue one event (redacted now); blocks while the buffer is full. Returns False if
         the event was discarded because the drain has failed for good or the stream closed."""
-        if self.failure is not None:
-            # Fast path once failed: the reader must keep up with a flooding child.
+        if self.failure is not None or self.truncated:
+            # Fast path once failed or truncated: the reader must keep up with a flooding child.
             with self._cond:
                 self.dropped += 1
             return False
         event = {"type": type_, "data": self._redactor.value(data), "ts": _now_iso()}
         size = len(json.dumps(event, separators=(",", ":")).encode())
         with self._cond:
-            while len(self._pending) >= self._max_pending and self.failure is None and not self._closing:
+            while len(self._pending) >= self._max_pending and not self._stopped():
                 self._cond.wait()
-            if self.failure is not None or self._closing:
+            if self.failure is not None or self.truncated or self._closing:
                 self.dropped += 1
                 return False
             self._pending.append((event, size, time.monotonic()))
@@ -163,6 +173,12 @@ class EventStream:
             body = {"batch_key": self._new_key(), "events": batch}
             try:
                 self._client.call("POST", "events", body=body)
+            except ServerRejected as exc:
+                if exc.code == EVENTS_TRUNCATED_CODE:
+                    self._truncate(lost=len(batch))
+                else:
+                    self._fail(exc, lost=len(batch))
+                return
             except TransportError as exc:
                 self._fail(exc, lost=len(batch))
                 return
@@ -172,6 +188,23 @@ class EventStream:
                 return
             with self._cond:
                 self.sent += len(batch)
+
+    def _stopped(self) -> bool:
+        return self.failure is not None or self.truncated or self._closing
+
+    def _truncate(self, *, lost: int) -> None:
+        with self._cond:
+            self.truncated = True
+            self.dropped += lost + len(self._pending)
+            self._pending.clear()
+            # Producers blocked on the full buffer must resume: the job keeps running.
+            self._cond.notify_all()
+        print(
+            "runner: event=events_truncated the run reached its event limit; "
+            "the job keeps running and its further output is not sent",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _fail(self, exc: TransportError, *, lost: int) -> None:
         with self._cond:
@@ -190,9 +223,15 @@ def pump_lines(
 ) -> None:
     """Read a child's pipe to its end, one event per line. Reading never stops early: after
     the drain fails for good ``emit`` discards at once, so the child is never left blocked
-    on a full pipe and can exit."""
+    on a full pipe and can exit.
+
+    A line is decoded as UTF-8 with each invalid byte sequence replaced by U+FFFD, and
+    each NUL byte is replaced by U+FFFD too: PostgreSQL's jsonb cannot hold U+0000, and
+    the API refuses a batch containing it, which would cost the run all its output.
+    Those two replacements are the only ones (docs/runner-api.md)."""
     while True:
         line = pipe.readline(line_max_bytes)
         if not line:
             return
-        stream.emit(type_, {"line": line.decode("utf-8", "replace").rstrip("\n")})
+        text = line.decode("utf-8", "replace").replace("\x00", "\ufffd")
+        stream.emit(type_, {"line": text.rstrip("\n")})

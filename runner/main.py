@@ -152,29 +152,6 @@ def report_result(client: ControlPlaneClient, outcome: Outcome, redactor: Redact
             print(diagnostic_line("result_discarded_run_terminal", fields, redactor), file=sys.stderr)
 
 
-def save_session_state(client: ControlPlaneClient, data: bytes) -> Any:
-    return client.call("POST", "session-state", body=data)
-
-
-def load_session_state(client: ControlPlaneClient) -> bytes | None:
-    """The parent's saved state, or None for a cold start (404)."""
-    try:
-        return client.call("GET", "session-state", raw=True)
-    except TransportError as exc:
-        if getattr(exc, "status", None) == 404:
-            return None
-        raise
-
-
-def save_transcript(client: ControlPlaneClient, ndjson: bytes) -> Any:
-    return client.call("POST", "transcript", body=ndjson, content_type="application/x-ndjson")
-
-
-def push_token(client: ControlPlaneClient, scope: str) -> Any:
-    # One request key per token wanted: a replay after a lost answer gets the same token.
-    return client.call("POST", "push-token", body={"request_key": str(uuid.uuid4()), "scope": scope})
-
-
 def _log_retry(endpoint: str, attempt: int, reason: str) -> None:
     # Endpoint, a count and a failure class or status: nothing secret can be in it.
     print(f"runner: event=retry endpoint={endpoint} attempt={attempt} reason={reason!r}", file=sys.stderr, flush=True)

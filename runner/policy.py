@@ -60,27 +60,6 @@ ENDPOINT_POLICIES: Mapping[str, EndpointPolicy] = MappingProxyType(
                 "the original answer, so the receipt's counts stay right."
             ),
         ),
-        "session-state": EndpointPolicy(
-            replay_safe=True,
-            budget_s=DEFAULT_OUTAGE_BUDGET_S,
-            why=(
-                "GET is a read (404 means a cold start); POST stores one object per run, so a "
-                "replay overwrites it with the same bytes."
-            ),
-        ),
-        "transcript": EndpointPolicy(
-            replay_safe=True,
-            budget_s=DEFAULT_OUTAGE_BUDGET_S,
-            why="One object per run, last writer wins: a replay writes the same bytes again.",
-        ),
-        "push-token": EndpointPolicy(
-            replay_safe=True,
-            budget_s=DEFAULT_OUTAGE_BUDGET_S,
-            why=(
-                "Keyed by a client request key: the same key returns the same token, so a lost "
-                "answer never leaves a second live token that nothing revokes."
-            ),
-        ),
         "result": EndpointPolicy(
             replay_safe=True,
             # The verdict is the run: it gets the longer budget.

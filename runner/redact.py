@@ -121,11 +121,6 @@ class Redactor:
     __call__ = value
 
 
-def redact(value: Any, secrets: Iterable[str] = (), *, keys: Iterable[str] = ()) -> Any:
-    """One-shot form of ``Redactor(secrets, keys=keys).value(value)``."""
-    return Redactor(secrets, keys=keys).value(value)
-
-
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + CUT_MARKER
 

@@ -1,5 +1,6 @@
 """``python -m sandbox_host --listen HOST:PORT [--host-id ID] [--drain-grace-s N]
-[--auth-timeout-s N] [--max-concurrent N] [--max-runs N] [--state-dir DIR] [--isolation NAME]``.
+[--auth-timeout-s N] [--max-concurrent N] [--max-runs N] [--max-pre-auth N]
+[--max-pre-auth-per-peer N] [--tls-cert PEM --tls-key PEM] [--state-dir DIR] [--isolation NAME]``.
 
 The token comes from ``HOLDFAST_SANDBOX_TOKEN`` only (never argv, which ``ps`` shows).
 Exit codes: 0 after a SIGTERM drain, 2 for a usage or configuration error.
@@ -13,6 +14,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import sys
 
 from . import defaults, uids
@@ -76,6 +78,20 @@ def main(argv: list[str] | None = None) -> int:
         help="run sandboxes alive at once; more launches are answered not_started(at_capacity)",
     )
     parser.add_argument(
+        "--max-pre-auth",
+        type=int,
+        default=defaults.DEFAULT_MAX_PRE_AUTH,
+        help="connections not yet authenticated, host-wide; more are refused at once",
+    )
+    parser.add_argument(
+        "--max-pre-auth-per-peer",
+        type=int,
+        default=defaults.DEFAULT_MAX_PRE_AUTH_PER_PEER,
+        help="connections not yet authenticated per peer address; more are refused at once",
+    )
+    parser.add_argument("--tls-cert", default="", help="PEM certificate chain: serve wss:// (needs --tls-key)")
+    parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    parser.add_argument(
         "--state-dir",
         default="",
         help="where run records live (default: holdfast-host-<host id> under the temp dir); "
@@ -108,11 +124,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-runs must be >= 0")
     if args.scratch_mb < 1:
         parser.error("--scratch-mb must be >= 1")
+    if args.max_pre_auth < 1 or args.max_pre_auth_per_peer < 1:
+        parser.error("--max-pre-auth and --max-pre-auth-per-peer must be >= 1")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
 
     # Taken out of our environment so no child we start can inherit it by accident.
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:
         print(f"holdfast-host: {TOKEN_ENV} is empty; refusing to start without a token", file=sys.stderr)
+        return 2
+    if len(token) < defaults.DEFAULT_MIN_TOKEN_CHARS:
+        print(
+            f"holdfast-host: {TOKEN_ENV} is shorter than {defaults.DEFAULT_MIN_TOKEN_CHARS} characters; refusing a "
+            "guessable token (make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))')",
+            file=sys.stderr,
+        )
         return 2
     _make_non_dumpable()
     host_id = args.host_id or secrets.token_hex(4)
@@ -140,6 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     if isolation.name in WARNINGS:
         print(f"holdfast-host: WARNING --isolation {isolation.name}: {WARNINGS[isolation.name]}", file=sys.stderr)
     sweep_leftovers(isolation, log)
+    tls = None
+    if args.tls_cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            tls.load_cert_chain(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            print(f"holdfast-host: cannot load --tls-cert/--tls-key: {exc.__class__.__name__}", file=sys.stderr)
+            return 2
     listener = socket.create_server(args.listen, backlog=128)
     address, port = listener.getsockname()[:2]
     host = Host(
@@ -152,12 +188,16 @@ def main(argv: list[str] | None = None) -> int:
             auth_timeout_s=args.auth_timeout_s,
             max_concurrent=args.max_concurrent,
             max_runs=args.max_runs,
+            max_pre_auth=args.max_pre_auth,
+            max_pre_auth_per_peer=args.max_pre_auth_per_peer,
             state_dir=args.state_dir,
         ),
+        tls=tls,
     )
     drain.append(host.drain_requested)
     log("host_listening", address=f"{address}:{port}", host_id=host_id, isolation=isolation.name)
-    print(f"holdfast-host listening ws://{address}:{port} host_id={host_id} isolation={isolation.name}", flush=True)
+    url = f"{'wss' if tls else 'ws'}://{address}:{port}"
+    print(f"holdfast-host listening {url} host_id={host_id} isolation={isolation.name}", flush=True)
     host.serve()
     log("host_exited", host_id=host_id)
     return 0

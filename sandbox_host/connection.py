@@ -1,5 +1,10 @@
 """One client connection: a thin shell around websockets' Sans-I/O ``ServerProtocol``.
 
+With TLS (``--tls-cert``/``--tls-key``) the socket is wrapped at accept and the
+handshake runs in this connection's thread within the authentication deadline; the
+pre-auth byte cap then counts the decrypted bytes (the TLS handshake itself is bounded
+by the TLS library and that deadline).
+
 The shell owns the socket, so it sees every raw byte: before authentication at most
 ``protocol.PRE_AUTH_MAX_BYTES`` may arrive, counted from the first byte (the HTTP
 handshake included) and still counted after a refused ``auth`` until the socket closes.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import hmac
 import select
 import socket
+import ssl
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -79,10 +85,21 @@ class Connection:
                 close_code=self.ws.close_code,
             )
 
+    def _tls_handshake(self, auth_deadline: float) -> None:
+        """Finish the TLS handshake within the authentication deadline (a peer that
+        stalls it costs no more than one that never authenticates)."""
+        self.sock.settimeout(max(0.05, auth_deadline - time.monotonic()))
+        self.sock.do_handshake()
+
     def _loop(self) -> str:
         settings = self.host.settings
-        self.sock.settimeout(settings.send_timeout_s)
         auth_deadline = self.opened_at + settings.auth_timeout_s
+        if isinstance(self.sock, ssl.SSLSocket):
+            try:
+                self._tls_handshake(auth_deadline)
+            except (ssl.SSLError, OSError):
+                return "tls_handshake_failed"
+        self.sock.settimeout(settings.send_timeout_s)
         while True:
             now = time.monotonic()
             if self.close_deadline is not None and now >= self.close_deadline:
@@ -92,12 +109,21 @@ class Connection:
                     return "auth_timeout"  # not even a handshake: nothing to say, just drop it
                 self._refuse("auth_timeout", "no valid auth frame before the deadline")
                 continue
-            readable, _, _ = select.select([self.sock], [], [], settings.poll_interval_s)
-            if not readable:
-                continue
+            # TLS may hold decrypted bytes the kernel no longer reports as readable.
+            pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
+            if not pending:
+                readable, _, _ = select.select([self.sock], [], [], settings.poll_interval_s)
+                if not readable:
+                    continue
             # Before auth read at most one byte past the cap, so it is crossed exactly.
             size = 65536 if self.authenticated else protocol.PRE_AUTH_MAX_BYTES - self.pre_auth_bytes + 1
-            data = self.sock.recv(size)
+            if isinstance(self.sock, ssl.SSLSocket):
+                # One TLS connection object must not read and write in two threads at
+                # once (OpenSSL); execution threads write under this lock.
+                with self.lock:
+                    data = self.sock.recv(size)
+            else:
+                data = self.sock.recv(size)
             if not data:
                 with self.lock:
                     self.ws.receive_eof()
@@ -229,6 +255,10 @@ class Connection:
 
     def send(self, frame: protocol.Frame) -> bool:
         """Send one frame if the connection is open; False if it is not."""
+        if isinstance(frame, protocol.Result):
+            # The raw output is capped per stream, but JSON escaping can still grow the
+            # frame past what a client accepts: cut it to fit, never send it too large.
+            frame = protocol.fit_result(frame)
         with self.lock:
             if self.ws.state is not State.OPEN:
                 return False

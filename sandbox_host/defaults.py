@@ -90,3 +90,16 @@ DEFAULT_RELAY_MAX_CONNECTIONS = 16
 # is out of an unprivileged uid's reach (a venv under /root, mode 0700): the system's.
 # (A sandbox binds the host's interpreter at its own path, so it needs none of these.)
 DEFAULT_FALLBACK_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+# Shortest token a host accepts, in characters. The token grants code execution to
+# whoever holds it; 32 characters of `secrets.token_urlsafe(32)` (43 characters, 256
+# bits) cannot be guessed, a short word can (docs/operations.md says how to make one).
+DEFAULT_MIN_TOKEN_CHARS = 32
+# Connections that have not authenticated yet, host-wide: each holds a thread and up to
+# PRE_AUTH_MAX_BYTES until its auth deadline. A worker's handshake takes milliseconds, so
+# 256 at once is far more than honest clients need; beyond it new connections are
+# refused at once and the authenticated ones keep being served.
+DEFAULT_MAX_PRE_AUTH = 256
+# The same per peer address: one address cannot take the whole host-wide budget. Behind
+# a balancer that does not preserve client addresses every connection has its address,
+# so raise this to DEFAULT_MAX_PRE_AUTH there (docs/operations.md).
+DEFAULT_MAX_PRE_AUTH_PER_PEER = 64

@@ -26,7 +26,7 @@ Errors::
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 1
@@ -41,6 +41,13 @@ MAX_FRAME_BYTES = 1024 * 1024
 # Output kept per stream per execution; the rest is dropped and a marker appended.
 MAX_OUTPUT_BYTES = 1024 * 1024
 OUTPUT_TRUNCATED_MARKER = "\n[holdfast: output truncated at {limit} bytes]\n"
+# Largest frame a host sends: a result with both streams full of text that needs no
+# escaping, plus markers and the envelope. JSON escaping can grow output about six
+# times (a control byte becomes ``\u0001``), so ``fit_result`` cuts the streams of a
+# larger result until the encoded frame fits, and says so. Clients refuse anything
+# larger (the worker's receive limit).
+MAX_RESULT_FRAME_BYTES = 2 * MAX_OUTPUT_BYTES + 64 * 1024
+RESULT_TRUNCATED_MARKER = "\n[holdfast: output truncated to fit a {limit}-byte result frame]\n"
 # Longest execution id accepted: ids are ours (UUIDs), anything longer is forged.
 MAX_ID_CHARS = 64
 # Run ids one ``probe_runs`` may name: a reconcile tick batches a host's runs into one
@@ -398,12 +405,48 @@ def truncate_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
     return kept + OUTPUT_TRUNCATED_MARKER.format(limit=limit)
 
 
+def _encoded_len(text: str) -> int:
+    """Bytes ``text`` takes inside an encoded frame (JSON string escaping, UTF-8)."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8", errors="replace")) - 2
+
+
+def _cut_to(text: str, budget: int) -> str:
+    """The longest prefix of ``text`` whose encoded length is at most ``budget``."""
+    low, high = 0, len(text)
+    while low < high:  # invariant: text[:low] fits; text[:high + 1] does not, or high == len
+        mid = (low + high + 1) // 2
+        if _encoded_len(text[:mid]) <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return text[:low]
+
+
+def fit_result(frame: Result, limit: int = MAX_RESULT_FRAME_BYTES) -> Result:
+    """``frame`` if its encoding fits in ``limit`` bytes; otherwise the same result with
+    stdout and stderr cut (each marked with RESULT_TRUNCATED_MARKER) so that it does.
+    Each stream may use half of what the rest of the frame leaves, and a stream that
+    needs less than its half lends the remainder to the other."""
+    if len(encode(frame).encode("utf-8", errors="replace")) <= limit:
+        return frame
+    marker = RESULT_TRUNCATED_MARKER.format(limit=limit)
+    empty = len(encode(replace(frame, stdout="", stderr="")).encode("utf-8", errors="replace"))
+    budget = max(0, limit - empty - 2 * _encoded_len(marker))
+    out_cost, err_cost = _encoded_len(frame.stdout), _encoded_len(frame.stderr)
+    out_budget = min(out_cost, max(budget // 2, budget - err_cost))
+    err_budget = budget - out_budget
+    stdout = frame.stdout if out_cost <= out_budget else _cut_to(frame.stdout, out_budget) + marker
+    stderr = frame.stderr if err_cost <= err_budget else _cut_to(frame.stderr, err_budget) + marker
+    return replace(frame, stdout=stdout, stderr=stderr)
+
+
 __all__ = [
     "FULL_ISOLATION",
     "ISOLATION_LEVELS",
     "MAX_FRAME_BYTES",
     "MAX_OUTPUT_BYTES",
     "MAX_PROBE_IDS",
+    "MAX_RESULT_FRAME_BYTES",
     "PRE_AUTH_MAX_BYTES",
     "PROTOCOL_VERSION",
     "Auth",
@@ -425,6 +468,7 @@ __all__ = [
     "StopRun",
     "decode",
     "encode",
+    "fit_result",
     "isolation_rank",
     "isolation_refusal",
     "truncate_output",

@@ -13,9 +13,13 @@ and the process exits 0.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
 import select
 import socket
+import ssl
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -39,15 +43,27 @@ class Settings:
     # Limits
     max_concurrent: int = defaults.DEFAULT_MAX_CONCURRENT
     max_runs: int = defaults.DEFAULT_MAX_RUNS
+    max_pre_auth: int = defaults.DEFAULT_MAX_PRE_AUTH
+    max_pre_auth_per_peer: int = defaults.DEFAULT_MAX_PRE_AUTH_PER_PEER
     # Where run records live; empty means the default per host id under the temp dir.
     state_dir: str = ""
 
 
 class Host:
     def __init__(
-        self, *, listener: socket.socket, token: str, host_id: str, isolation: Isolation, settings: Settings
+        self,
+        *,
+        listener: socket.socket,
+        token: str,
+        host_id: str,
+        isolation: Isolation,
+        settings: Settings,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.listener = listener
+        # With a context, every accepted socket speaks TLS (wss://); the handshake runs in
+        # the connection's thread, so a slow peer never holds the accept loop.
+        self.tls = tls
         self.token = token
         self.host_id = host_id
         self.isolation = isolation
@@ -67,6 +83,12 @@ class Host:
         self._authenticated: set[Connection] = set()
         self._draining = False
         self._ids = itertools.count(1)
+        # Connections not yet authenticated, and how many per peer address (DESIGN.md:
+        # a cap on unauthenticated connections applies).
+        self._pre_auth: set[Connection] = set()
+        self._pre_auth_per_peer: collections.Counter[str] = collections.Counter()
+        self.pre_auth_refused = 0
+        self._refused_logged_at = 0.0
 
     # --- connection registry -----------------------------------------------------
 
@@ -76,12 +98,44 @@ class Host:
         ``draining`` flag in ``auth_ok`` and the ``draining`` frame."""
         with self._lock:
             self._authenticated.add(conn)
+            self._leave_pre_auth(conn)
             return self._draining
 
     def forget(self, conn: Connection) -> None:
         with self._lock:
             self._connections.discard(conn)
             self._authenticated.discard(conn)
+            self._leave_pre_auth(conn)
+
+    def _leave_pre_auth(self, conn: Connection) -> None:
+        # Caller holds self._lock.
+        if conn in self._pre_auth:
+            self._pre_auth.discard(conn)
+            address = _address(conn.peer)
+            self._pre_auth_per_peer[address] -= 1
+            if self._pre_auth_per_peer[address] <= 0:
+                del self._pre_auth_per_peer[address]
+
+    def _admit(self, address: str) -> str:
+        """Why a new connection from ``address`` is refused, or "" to take it. Caller
+        holds self._lock."""
+        if len(self._pre_auth) >= self.settings.max_pre_auth:
+            return "pre_auth_cap"
+        if self._pre_auth_per_peer[address] >= self.settings.max_pre_auth_per_peer:
+            return "pre_auth_peer_cap"
+        return ""
+
+    def _refuse_connection(self, sock: socket.socket, address: str, reason: str) -> None:
+        """Close at once, with a reset and without a thread or a byte read: refusing
+        must cost less than the peer spends asking. Logged at most once a second."""
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        self.pre_auth_refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at >= 1.0:
+            self._refused_logged_at = now
+            log("connection_refused", reason=reason, peer=address, refused_total=self.pre_auth_refused)
 
     # --- serving -----------------------------------------------------------------
 
@@ -96,11 +150,20 @@ class Host:
                 sock, addr = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 continue
+            with self._lock:
+                refusal = self._admit(addr[0])
+                if not refusal:
+                    if self.tls is not None:
+                        sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                    conn = Connection(self, sock, f"{addr[0]}:{addr[1]}", f"c{next(self._ids)}")
+                    self._connections.add(conn)
+                    self._pre_auth.add(conn)
+                    self._pre_auth_per_peer[addr[0]] += 1
+            if refusal:
+                self._refuse_connection(sock, addr[0], refusal)
+                continue
             sock.setblocking(True)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(self, sock, f"{addr[0]}:{addr[1]}", f"c{next(self._ids)}")
-            with self._lock:
-                self._connections.add(conn)
             log("connection_opened", conn=conn.id, peer=conn.peer)
             conn.thread.start()
         self.drain()
@@ -131,3 +194,8 @@ class Host:
         for conn in conns:
             conn.thread.join(max(0.0, deadline - time.monotonic()))
         log("draining_finished", killed=killed, connections_closed=len(conns))
+
+
+def _address(peer: str) -> str:
+    """The address part of a ``host:port`` peer string (IPv6 addresses hold colons)."""
+    return peer.rsplit(":", 1)[0]

@@ -8,11 +8,11 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.executions.models import Execution, Status
-from controlplane.sandbox.outcome import CANCELLED, Outcome
+from controlplane.sandbox.outcome import CANCELLED, WORKER_LOST, Outcome
 
 log = logging.getLogger("holdfast.executions")
 
@@ -43,8 +43,13 @@ def claim(execution_id: str, worker: str) -> bool:
 
 
 def finish(execution_id: str, outcome: Outcome) -> bool:
-    """running -> terminal, once. Returns whether this call recorded the outcome."""
-    updated = Execution.objects.filter(pk=execution_id, status=Status.RUNNING).update(
+    """running -> terminal, once. Returns whether this call recorded the outcome.
+
+    Also replaces the sweep's ``interrupted`` (WORKER_LOST): that verdict is a guess made
+    while no result was stored, and a result delivered late (held in the broker through a
+    database outage) is what really happened. Every other terminal status wins."""
+    swept = Q(status=Status.INTERRUPTED, error=WORKER_LOST)
+    updated = Execution.objects.filter(Q(status=Status.RUNNING) | swept, pk=execution_id).update(
         status=outcome.status,
         exit_code=outcome.exit_code,
         stdout=outcome.stdout,
@@ -70,6 +75,17 @@ def request_cancel(execution_id: str) -> str:
         cancel_requested_at=now
     )
     return Execution.objects.values_list("status", flat=True).get(pk=execution_id)
+
+
+def abandon_unclaimed(execution_id: str, error: str) -> bool:
+    """queued -> cancelled with ``error``, for a caller that stops waiting on a row no
+    worker claimed. Loses to the claim: once a worker took it, this changes nothing."""
+    now = timezone.now()
+    return bool(
+        Execution.objects.filter(pk=execution_id, status=Status.QUEUED).update(
+            status=Status.CANCELLED, error=error, cancel_requested_at=now, finished_at=now
+        )
+    )
 
 
 def cancel_requested(execution_id: str) -> bool:
@@ -100,7 +116,7 @@ def sweep(now=None) -> dict[str, int]:
         if row.started_at and row.started_at + timedelta(milliseconds=row.timeout_ms) + grace < now:
             interrupted += Execution.objects.filter(pk=row.pk, status=Status.RUNNING, started_at=row.started_at).update(
                 status=Status.INTERRUPTED,
-                error="Code execution was interrupted because its worker stopped while it ran",
+                error=WORKER_LOST,
                 finished_at=now,
             )
     if requeued or interrupted:

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controlplane.sandbox.outcome import CANCELLED
+from controlplane.sandbox.outcome import CANCELLED, NO_WORKER
 
 # The caller's wait beyond the execution's own timeout: queueing, connecting, moves.
 WAIT_MARGIN_S = 60.0
@@ -74,10 +74,12 @@ def execute(
     memory_mb: int | None = None,
     cancel: Cancel = None,
     wait_s: float | None = None,
+    pickup_wait_s: float | None = None,
 ) -> ExecutionResult:
     """Run ``code`` and wait for its result. ``cancel`` is a ``threading.Event`` or a
     callable; a call already cancelled returns at once without touching the database or
-    the network."""
+    the network. With ``pickup_wait_s``, an execution no worker claimed by then is
+    cancelled and reported as such (no worker is running)."""
     if _is_cancelled(cancel):
         return ExecutionResult(id=None, status="cancelled", error=CANCELLED)
     from controlplane.executions import actions
@@ -85,13 +87,20 @@ def execute(
 
     execution_id = submit(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
     row = Execution.objects.only("timeout_ms").get(pk=execution_id)
-    deadline = time.monotonic() + (wait_s if wait_s is not None else row.timeout_ms / 1000 + WAIT_MARGIN_S)
+    started = time.monotonic()
+    deadline = started + (wait_s if wait_s is not None else row.timeout_ms / 1000 + WAIT_MARGIN_S)
     delay = POLL_FIRST_S
     cancel_sent = False
     while True:
         row = Execution.objects.get(pk=execution_id)
         if row.status in TERMINAL:
             return _result(row)
+        if pickup_wait_s is not None and row.status == "queued" and time.monotonic() - started > pickup_wait_s:
+            from django.conf import settings
+
+            error = NO_WORKER.format(seconds=pickup_wait_s, queue=settings.CELERY_TASK_DEFAULT_QUEUE)
+            if actions.abandon_unclaimed(str(execution_id), error):
+                return _result(Execution.objects.get(pk=execution_id))
         if not cancel_sent and (_is_cancelled(cancel) or time.monotonic() > deadline):
             # The caller gave up: make sure it does not run later with nobody listening.
             actions.request_cancel(str(execution_id))

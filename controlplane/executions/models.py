@@ -6,6 +6,8 @@ import uuid
 
 from django.db import models
 
+from controlplane.executions.fields import OutputField
+
 
 class Status(models.TextChoices):
     QUEUED = "queued"
@@ -27,8 +29,9 @@ class Execution(models.Model):
     timeout_ms = models.PositiveIntegerField()
     memory_mb = models.PositiveIntegerField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
-    stdout = models.TextField(blank=True, default="")
-    stderr = models.TextField(blank=True, default="")
+    # OutputField: PostgreSQL text cannot hold NUL, output may (controlplane/executions/fields.py).
+    stdout = OutputField(blank=True, default="")
+    stderr = OutputField(blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     # Connections tried: 1, plus each move of an execution that provably never ran.

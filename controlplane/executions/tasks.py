@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import time
+from dataclasses import asdict
 
 from celery import shared_task
-from django.db import OperationalError
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from controlplane.executions import actions
 from controlplane.executions.models import Execution
-from controlplane.sandbox.outcome import ExecRequest
+from controlplane.sandbox import outcome as texts
+from controlplane.sandbox.outcome import ExecRequest, Outcome
 from controlplane.sandbox.pool import get_pool
 
 log = logging.getLogger("holdfast.executions")
@@ -22,8 +26,17 @@ log = logging.getLogger("holdfast.executions")
 CANCEL_POLL_INTERVAL_S = 1.0
 # A claim that hit a database error is retried with exponential backoff capped here.
 CLAIM_RETRY_MAX_S = 30.0
-# Writing a result: 1 + 2 + 4 + 8 + 16 s of patience before giving up to the sweep.
-STORE_ATTEMPTS = 6
+# Writing a result inline: 1 + 2 + 4 s of patience (a locked SQLite file, a failover)
+# before the outcome is handed to the broker (store_outcome) instead of holding a worker
+# thread through a long outage.
+STORE_ATTEMPTS = 4
+# store_outcome's backoff between attempts, capped here: far below the broker's
+# visibility timeout (a retry is a new message whose countdown the worker holds unacked),
+# and short enough that a result lands within seconds of the database coming back.
+STORE_RETRY_MAX_S = 10.0
+# Errors that say the database could not be reached or the connection broke: the same
+# write may succeed later. Every other DatabaseError is the database refusing the value.
+TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
 
 
 @shared_task(name="controlplane.executions.tasks.run_execution", acks_late=True, bind=True, max_retries=None)
@@ -31,9 +44,10 @@ def run_execution(self, execution_id: str) -> None:
     # Claim before anything is sent: a redelivered message finds the row taken and stops.
     try:
         claimed = actions.claim(execution_id, worker=f"{socket.gethostname()} pid={os.getpid()}")
-    except OperationalError as exc:
+    except TRANSIENT_DB_ERRORS as exc:
         # The database is unreachable or (SQLite) locked: nothing was claimed or sent, so
         # trying again later is safe. Without this the message would be acked and lost.
+        _drop_connection()
         raise self.retry(exc=exc, countdown=min(2**self.request.retries, CLAIM_RETRY_MAX_S)) from None
     if not claimed:
         log.info("event=execution_claim_lost execution_id=%s", execution_id)
@@ -44,7 +58,14 @@ def run_execution(self, execution_id: str) -> None:
         ExecRequest(id=execution_id, code=row.code, timeout_ms=row.timeout_ms, memory_mb=row.memory_mb),
         cancel=cancel,
     )
-    _store(execution_id, outcome)
+    try:
+        _store(execution_id, outcome)
+    except TRANSIENT_DB_ERRORS:
+        # The outcome exists only in this process: hand it to the broker, which keeps it
+        # durably (Redis; a restarted worker gets it back) until the database takes it.
+        store_outcome.apply_async(args=[execution_id, asdict(outcome), time.time()], countdown=1)
+        log.warning("event=execution_result_spooled execution_id=%s status=%s", execution_id, outcome.status)
+        return
     log.info(
         "event=execution_finished execution_id=%s status=%s host_id=%s attempts=%d",
         execution_id,
@@ -54,19 +75,87 @@ def run_execution(self, execution_id: str) -> None:
     )
 
 
-def _store(execution_id: str, outcome) -> None:
+@shared_task(name="controlplane.executions.tasks.store_outcome", acks_late=True, bind=True, max_retries=None)
+def store_outcome(self, execution_id: str, outcome: dict, first_failed_at: float) -> None:
+    """Record an outcome the worker that ran it could not store (a database outage).
+
+    DESIGN.md: nothing may lose a result. The message carries the whole outcome, so the
+    broker holds it while the database is away: each failed attempt publishes a retry
+    (backoff capped at STORE_RETRY_MAX_S) before this message is acked, for as long as
+    EXECUTION_RESULT_STORE_PATIENCE_S allows. Storing is a compare-and-set, so a
+    duplicate delivery records nothing twice."""
+    result = Outcome(**outcome)
+    try:
+        _store(execution_id, result, attempts=1)
+    except TRANSIENT_DB_ERRORS as exc:
+        waited = time.time() - first_failed_at
+        if waited > settings.EXECUTION_RESULT_STORE_PATIENCE_S:
+            log.error(
+                "event=execution_result_lost execution_id=%s status=%s waited_s=%.0f",
+                execution_id,
+                result.status,
+                waited,
+            )
+            return
+        raise self.retry(exc=exc, countdown=min(2**self.request.retries, STORE_RETRY_MAX_S)) from None
+    log.info(
+        "event=execution_finished execution_id=%s status=%s host_id=%s attempts=%d spooled_s=%.1f",
+        execution_id,
+        result.status,
+        result.host_id,
+        result.attempts,
+        time.time() - first_failed_at,
+    )
+
+
+def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPTS) -> None:
     """Record the outcome, riding out a short database outage: the execution has run and
-    must not be reported as interrupted because one write hit a locked database."""
-    if not _with_db_patience(lambda: actions.finish(execution_id, outcome)):
+    must not be reported as interrupted because one write hit a locked database. Raises
+    a transient error when the database stays away (the caller spools the outcome).
+
+    A non-transient database error (the database refuses this result for good: a value
+    it cannot hold) would fail the same way on every retry and leave the row ``running``
+    until the sweep calls it interrupted. It becomes a ``failed`` outcome that names the
+    error instead, stored without the fields that may have caused it."""
+    try:
+        recorded = _with_db_patience(lambda: actions.finish(execution_id, outcome), attempts=attempts)
+    except TRANSIENT_DB_ERRORS:
+        raise
+    except DatabaseError as exc:
+        log.error(
+            "event=execution_result_refused execution_id=%s error=%s", execution_id, type(exc).__name__, exc_info=True
+        )
+        refused = Outcome.system(
+            "failed",
+            texts.RESULT_NOT_STORABLE.format(status=outcome.status, error=_first_line(exc)),
+            exit_code=outcome.exit_code,
+            duration_ms=outcome.duration_ms,
+            attempts=outcome.attempts,
+        )
+        recorded = _with_db_patience(lambda: actions.finish(execution_id, refused), attempts=attempts)
+    if not recorded:
         log.warning("event=execution_result_not_recorded execution_id=%s reason=not_running", execution_id)
 
 
-def _with_db_patience(call):
-    for attempt in range(STORE_ATTEMPTS):
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def _drop_connection() -> None:
+    """Close this thread's database connection after a transient error, so the next
+    attempt opens a fresh one instead of reusing a socket the outage broke."""
+    with contextlib.suppress(DatabaseError):
+        connection.close()
+
+
+def _with_db_patience(call, *, attempts: int = STORE_ATTEMPTS):
+    for attempt in range(attempts):
         try:
             return call()
-        except OperationalError:
-            if attempt == STORE_ATTEMPTS - 1:
+        except TRANSIENT_DB_ERRORS:
+            _drop_connection()
+            if attempt == attempts - 1:
                 raise
             time.sleep(min(2**attempt, CLAIM_RETRY_MAX_S))
     raise AssertionError("unreachable")
@@ -88,7 +177,12 @@ def _cancel_check(execution_id: str):
         if now - last[0] < CANCEL_POLL_INTERVAL_S:
             return False
         last[0] = now
-        seen[0] = actions.cancel_requested(execution_id)
+        try:
+            seen[0] = actions.cancel_requested(execution_id)
+        except DatabaseError:
+            # A database outage does not stop the execution; ask again next time.
+            _drop_connection()
+            return False
         return seen[0]
 
     # The first look is immediate: a cancel that raced the claim must not be sent.

@@ -3,12 +3,12 @@
 Rules kept here (DESIGN.md, Runs):
 - Each lifecycle UPDATE is a compare-and-set on the status it expects, so a redelivered
   task or a replayed request can never move a run twice.
-- Every terminal path goes through ``_finish``: it claims the row, revokes the run's keys
-  and push tokens, wipes its injected secrets, records a ``result`` event and seals the
-  receipt, all in one transaction, and records the run's progress notification (sent
-  after commit). Follow-ups happen only when the claim landed.
-- Appends, artifact writes and push-token mints lock the run row first, so nothing is
-  added after the receipt is sealed and sequence numbers have no gaps.
+- Every terminal path goes through ``_finish``: it claims the row, revokes the run's keys,
+  wipes its injected secrets, records a ``result`` event and seals the receipt, all in
+  one transaction, and records the run's progress notification (sent after commit).
+  Follow-ups happen only when the claim landed.
+- Appends lock the run row first, so nothing is added after the receipt is sealed and
+  sequence numbers have no gaps.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
@@ -26,21 +26,17 @@ from django.utils import timezone
 from . import credentials, notifications, receipts
 from .errors import (
     BatchKeyConflict,
+    EventsTruncated,
     InstanceConflict,
-    LimitReached,
-    RequestKeyConflict,
     RunNotFound,
     RunTerminal,
-    SessionStateMissing,
     Unauthorized,
 )
 from .jobs import validate_job, validate_owner, validate_secrets
 from .models import (
     LIVE_STATUSES,
-    PushToken,
     Receipt,
     Run,
-    RunArtifact,
     RunEvent,
     RunEventBatch,
     RunStatus,
@@ -143,8 +139,13 @@ class EventIn:
 
 def append_events(run_id: object, batch_key: str, events: list[EventIn]) -> tuple[int, int]:
     """Append one batch; return (first_seq, count). A replayed batch key returns the
-    original answer and adds nothing; the same key with other events is refused."""
+    original answer and adds nothing; the same key with other events is refused.
+
+    A batch that would take the run past RUNS_MAX_EVENTS_PER_RUN, or holds an event over
+    RUNS_MAX_EVENT_BYTES, is not stored: the run gets one ``events_truncated`` event
+    instead (committed), and this and every later batch get ``EventsTruncated``."""
     batch_sha256 = hashlib.sha256(receipts.canonical([[e.type, e.data, e.sent_ts] for e in events])).hexdigest()
+    truncated = False
     with transaction.atomic():
         # The lock serialises appends (and the terminal claim) per run. On SQLite it is a
         # no-op, and the IMMEDIATE transaction serialises every writer instead.
@@ -154,84 +155,51 @@ def append_events(run_id: object, batch_key: str, events: list[EventIn]) -> tupl
             if batch.events_sha256 != batch_sha256:
                 raise BatchKeyConflict()
             return batch.first_seq, batch.count
+        if run.events_truncated_at is not None:
+            raise EventsTruncated()
         first_seq = _next_seq(run)
-        RunEvent.objects.bulk_create(
-            RunEvent(run=run, seq=first_seq + i, type=e.type, data=e.data, ts=e.ts, batch_key=batch_key)
-            for i, e in enumerate(events)
-        )
-        RunEventBatch.objects.create(
-            run=run, batch_key=batch_key, first_seq=first_seq, count=len(events), events_sha256=batch_sha256
-        )
+        reason = _truncation_reason(stored=first_seq - 1, events=events)
+        if reason:
+            _truncate_events(run, first_seq, reason)
+            truncated = True
+        else:
+            RunEvent.objects.bulk_create(
+                RunEvent(run=run, seq=first_seq + i, type=e.type, data=e.data, ts=e.ts, batch_key=batch_key)
+                for i, e in enumerate(events)
+            )
+            RunEventBatch.objects.create(
+                run=run, batch_key=batch_key, first_seq=first_seq, count=len(events), events_sha256=batch_sha256
+            )
+    if truncated:
+        # Raised after the commit, so the events_truncated event and the mark stay.
+        raise EventsTruncated()
     return first_seq, len(events)
 
 
-def save_artifact(run_id: object, kind: str, data: bytes) -> str:
-    """Store the run's session state or transcript (last writer wins); return its URI."""
-    with transaction.atomic():
-        run = _locked_live(run_id)
-        RunArtifact.objects.update_or_create(
-            run=run,
-            kind=kind,
-            defaults={
-                "data": data,
-                "size": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "updated_at": timezone.now(),
-            },
-        )
-    return artifact_uri(run.id, kind)
+EVENTS_TRUNCATED = "events_truncated"
 
 
-def artifact_uri(run_id: object, kind: str) -> str:
-    return f"holdfast://runs/{run_id}/{kind}"
+def _truncation_reason(*, stored: int, events: list[EventIn]) -> dict | None:
+    if stored + len(events) > settings.RUNS_MAX_EVENTS_PER_RUN:
+        return {"reason": "quota", "limit": settings.RUNS_MAX_EVENTS_PER_RUN, "events_stored": stored}
+    largest = max(len(receipts.canonical(e.data)) for e in events)
+    if largest > settings.RUNS_MAX_EVENT_BYTES:
+        return {
+            "reason": "event_too_large",
+            "limit": settings.RUNS_MAX_EVENT_BYTES,
+            "event_bytes": largest,
+            "events_stored": stored,
+        }
+    return None
 
 
-def load_session_state(run_id: object) -> bytes:
-    data = (
-        RunArtifact.objects.filter(run_id=run_id, kind=RunArtifact.Kind.SESSION_STATE)
-        .values_list("data", flat=True)
-        .first()
+def _truncate_events(run: Run, seq: int, data: dict) -> None:
+    now = timezone.now()
+    RunEvent.objects.create(run=run, seq=seq, type=EVENTS_TRUNCATED, data=data, ts=now)
+    Run.objects.filter(pk=run.pk).update(events_truncated_at=now)
+    logger.warning(
+        "event=run_events_truncated run_id=%s reason=%s events_stored=%d", run.pk, data["reason"], data["events_stored"]
     )
-    if data is None:
-        raise SessionStateMissing()
-    return bytes(data)
-
-
-def mint_push_token(run_id: object, request_key: str, scope: str) -> tuple[str, datetime]:
-    """The push token for ``request_key``: minted once (one row), the same on replay."""
-    with transaction.atomic():
-        run = _locked_live(run_id)
-        token = credentials.derive(credentials.PUSH, str(run.id), run.token_salt, request_key)
-        existing = PushToken.objects.filter(run=run, request_key=request_key).first()
-        if existing is not None:
-            if existing.scope != scope:
-                raise RequestKeyConflict()
-            return token, existing.expires_at
-        if PushToken.objects.filter(run=run).count() >= settings.RUNS_MAX_PUSH_TOKENS_PER_RUN:
-            raise LimitReached(f"at most {settings.RUNS_MAX_PUSH_TOKENS_PER_RUN} push tokens per run")
-        expires_at = timezone.now() + timedelta(seconds=settings.RUNS_PUSH_TOKEN_TTL_S)
-        PushToken.objects.create(
-            run=run,
-            request_key=request_key,
-            scope=scope,
-            token_hash=credentials.digest(token),
-            expires_at=expires_at,
-        )
-    return token, expires_at
-
-
-def check_push_token(token: str, scope: str) -> Run | None:
-    """The live run a push token belongs to, if it is unexpired, unrevoked and scoped
-    to ``scope``; None otherwise. For whatever accepts pushes."""
-    row = (
-        PushToken.objects.select_related("run")
-        .filter(token_hash=credentials.digest(token), scope=scope, revoked_at__isnull=True)
-        .filter(expires_at__gt=timezone.now())
-        .first()
-    )
-    if row is None or row.run.is_terminal:
-        return None
-    return row.run
 
 
 def record_result(run_id: object, status: str, *, exit_code: int | None, error: str, summary: dict) -> Receipt:
@@ -339,7 +307,6 @@ def _finish(
         )
         if not claimed:
             return None
-        PushToken.objects.filter(run=run, revoked_at__isnull=True).update(revoked_at=now)
         RunEvent.objects.create(
             run=run,
             seq=_next_seq(run),

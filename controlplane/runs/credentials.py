@@ -1,8 +1,8 @@
 """Per-run credentials, derived rather than stored.
 
 Every token is ``HMAC-SHA256(SECRET_KEY, [purpose, run id, discriminator, run salt])``:
-the launch key (discriminator empty), the session token (the runner instance id) and
-push tokens (the request key). Deriving makes every issuing endpoint idempotent without
+the launch key (discriminator empty) and the session token (the runner instance id).
+Deriving makes every issuing endpoint idempotent without
 keeping a plaintext copy: a replay recomputes the same token, and the database holds
 only its SHA-256. Presented tokens are compared as digests in constant time.
 """
@@ -18,9 +18,8 @@ from django.conf import settings
 
 LAUNCH = "launch"
 SESSION = "session"
-PUSH = "push"
 # Prefixes make a leaked token recognisable to secret scanners and to the redactor.
-_PREFIX = {LAUNCH: "hfl_", SESSION: "hfs_", PUSH: "hfp_"}
+_PREFIX = {LAUNCH: "hfl_", SESSION: "hfs_"}
 
 
 def new_salt() -> str:

@@ -5,16 +5,15 @@
     RunsError                      code            HTTP
     ├── Unauthorized               unauthorized    401  bearer missing, wrong or revoked
     ├── RunNotFound                not_found       404  no such run (or a forged id)
-    ├── SessionStateMissing        no_session_state 404 nothing saved yet: a cold start
     ├── MethodNotAllowed           method_not_allowed 405
     ├── BadRequest                 bad_request     400  malformed JSON or fields
     ├── TooLarge                   too_large       413  body or batch over its bound
+    ├── RateLimited                rate_limited    429  too many requests (carries Retry-After)
     └── Conflict                                   409
         ├── RunTerminal            run_terminal         the run already ended (carries its status)
         ├── InstanceConflict       instance_conflict    another runner instance said hello
         ├── BatchKeyConflict       batch_key_conflict   a batch key reused for other events
-        ├── RequestKeyConflict     request_key_conflict a push-token key reused for another scope
-        └── LimitReached           limit_reached        too many push tokens for one run
+        └── EventsTruncated        events_truncated     the run's event quota or event size limit was hit
 
 Messages are fixed text written here or field names: never a value the caller sent,
 so no secret can travel back in an error body or into a log line.
@@ -28,29 +27,27 @@ from enum import StrEnum
 class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
     NOT_FOUND = "not_found"
-    NO_SESSION_STATE = "no_session_state"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     BAD_REQUEST = "bad_request"
     TOO_LARGE = "too_large"
     RUN_TERMINAL = "run_terminal"
     INSTANCE_CONFLICT = "instance_conflict"
     BATCH_KEY_CONFLICT = "batch_key_conflict"
-    REQUEST_KEY_CONFLICT = "request_key_conflict"
-    LIMIT_REACHED = "limit_reached"
+    EVENTS_TRUNCATED = "events_truncated"
+    RATE_LIMITED = "rate_limited"
 
 
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.NOT_FOUND: 404,
-    ErrorCode.NO_SESSION_STATE: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.BAD_REQUEST: 400,
     ErrorCode.TOO_LARGE: 413,
     ErrorCode.RUN_TERMINAL: 409,
     ErrorCode.INSTANCE_CONFLICT: 409,
     ErrorCode.BATCH_KEY_CONFLICT: 409,
-    ErrorCode.REQUEST_KEY_CONFLICT: 409,
-    ErrorCode.LIMIT_REACHED: 409,
+    ErrorCode.EVENTS_TRUNCATED: 409,
+    ErrorCode.RATE_LIMITED: 429,
 }
 
 
@@ -78,11 +75,6 @@ class Unauthorized(RunsError):
 class RunNotFound(RunsError):
     code = ErrorCode.NOT_FOUND
     default_message = "no such run"
-
-
-class SessionStateMissing(RunsError):
-    code = ErrorCode.NO_SESSION_STATE
-    default_message = "no session state saved for this run"
 
 
 class MethodNotAllowed(RunsError):
@@ -136,11 +128,22 @@ class BatchKeyConflict(Conflict):
     default_message = "this batch key was already used for different events"
 
 
-class RequestKeyConflict(Conflict):
-    code = ErrorCode.REQUEST_KEY_CONFLICT
-    default_message = "this request key was already used for another scope"
+class EventsTruncated(Conflict):
+    """The run reached its event quota or sent an event over the size limit: it got one
+    ``events_truncated`` event, and every later batch is refused with this code. The
+    runner stops sending events and keeps the job running."""
+
+    code = ErrorCode.EVENTS_TRUNCATED
+    default_message = "the run's events are truncated: no more events are accepted"
 
 
-class LimitReached(Conflict):
-    code = ErrorCode.LIMIT_REACHED
-    default_message = "limit reached"
+class RateLimited(RunsError):
+    """Too many requests for one run key or one client address; ``retry_after_s`` is
+    sent as ``Retry-After``, which the runner's transport honours."""
+
+    code = ErrorCode.RATE_LIMITED
+    default_message = "too many requests; retry after the Retry-After seconds"
+
+    def __init__(self, retry_after_s: int) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__()

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import websocket
 
+from controlplane.sandbox import wsclient
 from sandbox_host import protocol
 
 from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable, SandboxProbe
@@ -232,7 +233,7 @@ class WebSocketLaunchDriver:
             # The library's UTF-8 check is pure Python (most of a 10,000-run probe's
             # time); a text frame is still decoded strictly by ``recv``, so a bad byte
             # raises UnicodeDecodeError there, which callers treat as an unreadable frame.
-            ws = websocket.create_connection(url, timeout=self.connect_timeout_s, skip_utf8_validation=True)
+            ws = wsclient.create_connection(url, timeout=self.connect_timeout_s, skip_utf8_validation=True)
         except (OSError, websocket.WebSocketException) as exc:
             raise _TryElsewhere(f"connect: {type(exc).__name__}") from None
         try:

@@ -51,6 +51,9 @@ class Run(models.Model):
     launch_key_hash = models.CharField(max_length=64, blank=True, default="")
     session_token_hash = models.CharField(max_length=64, blank=True, default="")
     key_revoked_at = models.DateTimeField(null=True, blank=True)
+    # Set once, when the run hit its event quota or sent an oversized event (the
+    # events_truncated event is appended then); later batches are refused.
+    events_truncated_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)
     summary = models.JSONField(default=dict, blank=True)
@@ -150,37 +153,6 @@ class RunEventBatch(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "batch_key"], name="runs_batch_key_unique")]
-
-
-class RunArtifact(models.Model):
-    """The run's latest session state or transcript; the last writer wins."""
-
-    class Kind(models.TextChoices):
-        SESSION_STATE = "session-state"
-        TRANSCRIPT = "transcript"
-
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
-    kind = models.CharField(max_length=16, choices=Kind.choices)
-    data = models.BinaryField()
-    size = models.BigIntegerField()
-    sha256 = models.CharField(max_length=64)
-    updated_at = models.DateTimeField()
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "kind"], name="runs_artifact_kind_unique")]
-
-
-class PushToken(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="push_tokens")
-    request_key = models.CharField(max_length=128)
-    scope = models.CharField(max_length=200)
-    token_hash = models.CharField(max_length=64, db_index=True)
-    expires_at = models.DateTimeField()
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "request_key"], name="runs_push_request_key_unique")]
 
 
 class ReceiptChain(models.Model):

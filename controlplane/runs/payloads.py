@@ -23,7 +23,6 @@ from .errors import BadRequest, TooLarge
 # Limits
 MAX_KEY_CHARS = 128  # batch keys, request keys, instance ids
 MAX_EVENT_TYPE_CHARS = 64
-MAX_SCOPE_CHARS = 200
 RESULT_STATUSES = ("succeeded", "failed", "cancelled")
 
 
@@ -120,11 +119,6 @@ def parse_events(request: HttpRequest) -> tuple[str, list[EventIn]]:
         kind = _key(event, "type", limit=MAX_EVENT_TYPE_CHARS)
         parsed.append(EventIn(kind, data, _timestamp(sent_ts), sent_ts))
     return batch_key, parsed
-
-
-def parse_push_token(request: HttpRequest) -> tuple[str, str]:
-    body = json_object(read_body(request, settings.RUNS_MAX_SMALL_BODY_BYTES))
-    return _key(body, "request_key"), _key(body, "scope", limit=MAX_SCOPE_CHARS)
 
 
 def parse_result(request: HttpRequest) -> dict:

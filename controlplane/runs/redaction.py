@@ -21,10 +21,6 @@ def run_redactor(run: Run) -> Redactor:
     keys = [credentials.derive(credentials.LAUNCH, str(run.id), run.token_salt)]
     if run.instance_id:
         keys.append(credentials.derive(credentials.SESSION, str(run.id), run.token_salt, run.instance_id))
-    keys += [
-        credentials.derive(credentials.PUSH, str(run.id), run.token_salt, request_key)
-        for request_key in run.push_tokens.values_list("request_key", flat=True)
-    ]
     return Redactor(secrets, keys=keys)
 
 

@@ -10,8 +10,5 @@ urlpatterns = [
     path("<str:run_id>/hello", views.hello, name="hello"),
     path("<str:run_id>/bundle", views.bundle, name="bundle"),
     path("<str:run_id>/events", views.events, name="events"),
-    path("<str:run_id>/session-state", views.session_state, name="session-state"),
-    path("<str:run_id>/transcript", views.transcript, name="transcript"),
-    path("<str:run_id>/push-token", views.push_token, name="push-token"),
     path("<str:run_id>/result", views.result, name="result"),
 ]

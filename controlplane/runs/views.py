@@ -3,8 +3,10 @@
 Every route checks, in this order (docs/runner-api.md):
 1. a Bearer token is present, else 401 unauthorized;
 2. the run exists, else 404 not_found;
-3. the run is not terminal, else 409 run_terminal (with the recorded status);
-4. the token verifies in constant time and is not revoked, else 401 unauthorized.
+3. the token verifies in constant time, else 401 unauthorized: nothing about the run
+   (not even whether it ended) is told to a caller that cannot prove it is its runner;
+4. the run is not terminal, else 409 run_terminal (with the recorded status);
+5. the key is not revoked, else 401 unauthorized.
 ``hello`` takes the launch key; every other route takes the session token.
 """
 
@@ -18,9 +20,11 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from controlplane import ratelimit
+
 from . import actions, credentials, payloads
-from .errors import MethodNotAllowed, RunNotFound, RunsError, RunTerminal, Unauthorized
-from .models import Run, RunArtifact
+from .errors import MethodNotAllowed, RateLimited, RunNotFound, RunsError, RunTerminal, Unauthorized
+from .models import Run
 
 Handler = Callable[[HttpRequest, Run], HttpResponse]
 
@@ -33,7 +37,26 @@ def _bearer(request: HttpRequest) -> str:
     return token
 
 
+def _rate_limit(request: HttpRequest) -> None:
+    """Per client address first (a flood of made-up keys), then per run key (one
+    runaway runner). Counted before any database work, so a flood costs cache hits."""
+    retry = ratelimit.hit(
+        "runner-addr",
+        ratelimit.client_address(request),
+        limit=settings.RUNS_API_RATE_PER_ADDRESS,
+        window_s=settings.RUNS_API_RATE_WINDOW_S,
+    )
+    _, _, token = request.headers.get("Authorization", "").partition(" ")
+    if retry is None and token.strip():
+        retry = ratelimit.hit(
+            "runner-key", token.strip(), limit=settings.RUNS_API_RATE_PER_KEY, window_s=settings.RUNS_API_RATE_WINDOW_S
+        )
+    if retry is not None:
+        raise RateLimited(retry)
+
+
 def authenticate(request: HttpRequest, run_id: str, credential: str) -> Run:
+    _rate_limit(request)
     token = _bearer(request)
     try:
         pk = uuid.UUID(run_id)
@@ -42,12 +65,18 @@ def authenticate(request: HttpRequest, run_id: str, credential: str) -> Run:
     run = Run.objects.filter(pk=pk).first()
     if run is None:
         raise RunNotFound()
+    stored = run.launch_key_hash if credential == credentials.LAUNCH else run.session_token_hash
+    # Authenticate before answering anything about the run: whoever knows a run id but
+    # not its key must not learn its status from a 409.
+    if not credentials.matches(token, stored):
+        raise Unauthorized()
+    # Its own runner is told the run ended (a revoked key still proves who is asking),
+    # so it stops instead of retrying.
     if run.is_terminal:
         raise RunTerminal(run.status)
-    stored = run.launch_key_hash if credential == credentials.LAUNCH else run.session_token_hash
     # Revocation is checked on its own, not only through the status: a key whose run
     # ended must never authenticate again, whatever later happens to the row.
-    if run.key_revoked_at is not None or not credentials.matches(token, stored):
+    if run.key_revoked_at is not None:
         raise Unauthorized()
     return run
 
@@ -56,6 +85,8 @@ def error_response(exc: RunsError) -> JsonResponse:
     response = JsonResponse(exc.body(), status=exc.http_status)
     if isinstance(exc, MethodNotAllowed):
         response["Allow"] = ", ".join(exc.allowed)
+    if isinstance(exc, RateLimited):
+        response["Retry-After"] = str(exc.retry_after_s)
     return response
 
 
@@ -93,27 +124,6 @@ def events(request: HttpRequest, run: Run) -> HttpResponse:
     batch_key, batch = payloads.parse_events(request)
     first_seq, count = actions.append_events(run.id, batch_key, batch)
     return JsonResponse({"first_seq": first_seq, "count": count})
-
-
-@runner_endpoint(("GET", "POST"))
-def session_state(request: HttpRequest, run: Run) -> HttpResponse:
-    if request.method == "GET":
-        return HttpResponse(actions.load_session_state(run.id), content_type="application/octet-stream")
-    data = payloads.read_body(request, settings.RUNS_MAX_SESSION_STATE_BYTES)
-    return JsonResponse({"uri": actions.save_artifact(run.id, RunArtifact.Kind.SESSION_STATE, data)})
-
-
-@runner_endpoint(("POST",))
-def transcript(request: HttpRequest, run: Run) -> HttpResponse:
-    data = payloads.read_body(request, settings.RUNS_MAX_TRANSCRIPT_BYTES)
-    return JsonResponse({"uri": actions.save_artifact(run.id, RunArtifact.Kind.TRANSCRIPT, data)})
-
-
-@runner_endpoint(("POST",))
-def push_token(request: HttpRequest, run: Run) -> HttpResponse:
-    request_key, scope = payloads.parse_push_token(request)
-    token, expires_at = actions.mint_push_token(run.id, request_key, scope)
-    return JsonResponse({"token": token, "expires_at": expires_at.isoformat()})
 
 
 @runner_endpoint(("POST",))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import websocket
 
+from controlplane.sandbox import wsclient
 from controlplane.sandbox.outcome import ExecRequest
 from sandbox_host import protocol
 
@@ -92,7 +93,7 @@ class HostConnection:
         self, token: str, *, timeout_s: float, client: str, required_isolation: str = protocol.FULL_ISOLATION
     ) -> None:
         try:
-            ws = websocket.create_connection(self.url, timeout=timeout_s, enable_multithread=True)
+            ws = wsclient.create_connection(self.url, timeout=timeout_s, enable_multithread=True)
         except Exception as exc:  # any failure to connect is a failed connect, nothing more
             raise ConnectFailed(_describe(exc)) from None
         try:

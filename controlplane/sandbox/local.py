@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"listening (ws://\S+) host_id=(\S+)")
+LISTENING = re.compile(r"listening (wss?://\S+) host_id=(\S+)")
 
 # A host prints its address within a second or two; the worker imports Django and
 # Celery and connects to the broker, which on a cold, busy machine takes longer.

@@ -19,6 +19,14 @@ AT_CAPACITY = "Code execution is at capacity: no sandbox connection was free wit
 CONNECT_FAILED = "Could not reach a sandbox host at {url}: {reason}"
 NOT_PLACED = "Code execution could not be placed on a sandbox host after {moves} moves"
 TOO_LARGE = "Code is too large to send to a sandbox host ({size} bytes encoded; the limit is {limit})"
+NO_WORKER = (
+    "No worker picked up the execution within {seconds:g} s, so it was cancelled: "
+    "is a Celery worker (the Procfile's `worker`) running on queue {queue!r}?"
+)
+RESULT_NOT_STORABLE = "The execution ran ({status}) but the database refused its result, so its output is lost: {error}"
+# The sweep's verdict on a row still running long past its timeout. A guess (the worker
+# may only have been unable to store the result): a real outcome arriving later replaces it.
+WORKER_LOST = "Code execution was interrupted because its worker stopped while it ran"
 # DESIGN.md, seed 000: an execution that may have reached the host is never re-run; it
 # fails with exactly this text when its connection drops.
 INTERRUPTED = "Code execution was interrupted because the connection to its sandbox host closed"

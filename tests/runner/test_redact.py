@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from runner.redact import CUT_MARKER, REDACTED, Redactor, diagnostic_line, redact
+from runner.redact import CUT_MARKER, REDACTED, Redactor, diagnostic_line
 
 SECRET_CHARS = st.characters(codec="utf-8", exclude_categories=("Cs", "Cc"))
 secrets_ = st.text(SECRET_CHARS, min_size=8, max_size=40).filter(lambda s: s not in REDACTED and s.strip() == s)
@@ -59,7 +59,7 @@ def all_strings(value: Any) -> list[str]:
 @given(data=st.data(), secret=secrets_)
 def test_an_injected_secret_embedded_anywhere_never_survives(data: st.DataObject, secret: str) -> None:
     document = data.draw(documents(secret))
-    out = redact(document, [secret, "another-secret-value"])
+    out = Redactor([secret, "another-secret-value"]).value(document)
     for text in all_strings(out):
         assert secret not in text
 
@@ -118,7 +118,7 @@ def test_ordinary_text_near_labels_is_kept(text: str) -> None:
 
 def test_keys_are_redacted_and_sensitive_keys_lose_their_values() -> None:
     secret = "s3cr3t-value-01"
-    out = redact({secret: [secret, ("x", secret)], "password": "plain", "Api_Key": 12345678, "n": 3}, [secret])
+    out = Redactor([secret]).value({secret: [secret, ("x", secret)], "password": "plain", "Api_Key": 12345678, "n": 3})
     assert out == {REDACTED: [REDACTED, ["x", REDACTED]], "password": REDACTED, "Api_Key": REDACTED, "n": 3}
 
 

@@ -98,7 +98,7 @@ def test_200_cut_mid_body_is_replayed_with_the_same_request_for_replay_safe(endp
 def test_raw_body_cut_mid_read_is_replayed_and_returns_bytes() -> None:
     clock = FakeClock()
     with scripted_server([CutBody(), Reply(200, b"\x00state-bytes")]) as server:
-        got = make_client(server.url, clock).call("GET", "session-state", raw=True)
+        got = make_client(server.url, clock).call("GET", "bundle", raw=True)
     assert got == b"\x00state-bytes"
     assert len(server.requests) == 2
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from django.test import override_settings
 
-from controlplane.runs.models import PushToken, Run, RunArtifact, RunEvent, RunEventBatch
+from controlplane.runs.models import Run, RunEvent, RunEventBatch
 
 from .conftest import SECRET, RunnerCalls
 
@@ -79,49 +77,6 @@ def test_oversize_batches_are_refused_whole(running):
     answer = running.post("events", big)
     assert answer.status_code == 413 and answer.json()["error"]["code"] == "too_large"
     assert RunEvent.objects.filter(run_id=running.run_id).count() == 0
-
-
-def test_push_token_is_minted_once_per_request_key(running):
-    first = running.post("push-token", {"request_key": "push-1", "scope": "contents:write"}).json()
-    replay = running.post("push-token", {"request_key": "push-1", "scope": "contents:write"}).json()
-    other = running.post("push-token", {"request_key": "push-2", "scope": "contents:write"}).json()
-    assert first == replay and other["token"] != first["token"]
-    assert PushToken.objects.filter(run_id=running.run_id).count() == 2
-    assert first["token"] not in json.dumps(list(PushToken.objects.values()), default=str)
-
-
-def test_push_token_request_key_reused_for_another_scope_is_refused(running):
-    running.post("push-token", {"request_key": "push-1", "scope": "contents:write"})
-    answer = running.post("push-token", {"request_key": "push-1", "scope": "admin"})
-    assert answer.status_code == 409 and answer.json()["error"]["code"] == "request_key_conflict"
-    assert PushToken.objects.filter(run_id=running.run_id).count() == 1
-
-
-@override_settings(RUNS_MAX_PUSH_TOKENS_PER_RUN=2)
-def test_push_tokens_per_run_are_bounded(running):
-    for key in ("a", "b"):
-        assert running.post("push-token", {"request_key": key, "scope": "s"}).status_code == 200
-    assert running.post("push-token", {"request_key": "c", "scope": "s"}).status_code == 409
-    assert PushToken.objects.filter(run_id=running.run_id).count() == 2
-
-
-def test_session_state_round_trips_and_last_writer_wins(running):
-    answer = running.get("session-state")
-    assert answer.status_code == 404 and answer.json()["error"]["code"] == "no_session_state"
-    running.post("session-state", raw=b"first")
-    uri = running.post("session-state", raw=b"\x00second").json()["uri"]
-    assert uri.endswith("/session-state")
-    assert running.get("session-state").content == b"\x00second"
-    assert RunArtifact.objects.filter(run_id=running.run_id).count() == 1
-
-
-@override_settings(RUNS_MAX_TRANSCRIPT_BYTES=1024)
-def test_transcript_is_stored_once_per_run_and_bounded(running):
-    running.post("transcript", raw=b'{"a": 1}\n')
-    running.post("transcript", raw=b'{"a": 2}\n')
-    assert running.post("transcript", raw=b"x" * 2048).status_code == 413
-    row = RunArtifact.objects.get(run_id=running.run_id, kind="transcript")
-    assert bytes(row.data) == b'{"a": 2}\n'
 
 
 def test_forged_run_ids_are_not_found(client, running):

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from controlplane.runs import actions
-from controlplane.runs.models import PushToken, Run, RunStatus
+from controlplane.runs.models import Run, RunStatus
 
 from .conftest import SECRET
 
@@ -18,10 +18,6 @@ ENDPOINTS = [
     ("POST", "hello", {"instance_id": "sandbox-1"}),
     ("GET", "bundle", None),
     ("POST", "events", {"batch_key": "late", "events": [{"type": "stdout"}]}),
-    ("GET", "session-state", None),
-    ("POST", "session-state", None),
-    ("POST", "transcript", None),
-    ("POST", "push-token", {"request_key": "late", "scope": "s"}),
     ("POST", "result", {"status": "succeeded", "exit_code": 0}),
 ]
 
@@ -60,17 +56,12 @@ def test_a_replayed_result_gets_409_with_the_recorded_status(running):
 
 @pytest.mark.parametrize("end", ["result", "cancel", "fail"])
 def test_keys_no_longer_authenticate_after_any_terminal_path(running, end):
-    running.post("push-token", {"request_key": "p", "scope": "contents:write"})
-    push = running.post("push-token", {"request_key": "p", "scope": "contents:write"}).json()["token"]
-    assert actions.check_push_token(push, "contents:write") is not None
     if end == "result":
         running.post("result", {"status": "succeeded", "exit_code": 0})
     elif end == "cancel":
         assert actions.cancel_run(running.run_id)
     else:
         assert actions.fail_run(running.run_id, "sandbox_lost")
-    assert PushToken.objects.get(run_id=running.run_id).revoked_at is not None
-    assert actions.check_push_token(push, "contents:write") is None
     # Even were the row forced back to a live status, the revoked keys stay dead.
     Run.objects.filter(pk=running.run_id).update(status=RunStatus.RUNNING)
     assert running.get("bundle").status_code == 401
@@ -101,3 +92,17 @@ def test_the_admin_never_shows_secrets_or_key_hashes(admin_client, running):
     assert "echo hi" in page
     for hidden in (SECRET, run.launch_key_hash, run.session_token_hash, run.token_salt):
         assert hidden not in page and hidden not in listing
+
+
+@pytest.mark.parametrize("token", ["hfs_" + "0" * 64, None], ids=["wrong-key", "launch-key-on-a-session-route"])
+def test_a_terminal_run_tells_its_status_only_to_its_own_runner(running, token):
+    """Whoever knows a run id but not its key learns nothing from a 409: the key is
+    checked before the run's status."""
+    running.post("result", {"status": "failed", "exit_code": 3, "error": "boom"})
+    for method, endpoint, body in ENDPOINTS:
+        key = token if token is not None else ("hfl_" + "1" * 64 if endpoint == "hello" else running.launch_key)
+        late = _call(running, method, endpoint, body, key)
+        assert late.status_code == 401, endpoint
+        assert late.json()["error"]["code"] == "unauthorized"
+        assert "status" not in late.json()
+        assert "failed" not in late.content.decode()

@@ -26,7 +26,7 @@ from sandbox_host import protocol
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"^holdfast-host listening (ws://(\S+):(\d+)) host_id=(\S+) isolation=(\S+)$")
+LISTENING = re.compile(r"^holdfast-host listening (wss?://(\S+):(\d+)) host_id=(\S+) isolation=(\S+)$")
 
 
 class HostProcess:

@@ -10,7 +10,9 @@ import time
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from controlplane.commands import HoldfastCommand
 
 SNIPPETS: list[tuple[str, str, dict, str]] = [
     ("hello", "print('hello from a sandbox')", {}, "succeeded"),
@@ -22,7 +24,7 @@ SNIPPETS: list[tuple[str, str, dict, str]] = [
 ]
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Start a sandbox host and a worker, run a few snippets through the full path, print the results."
 
     def handle(self, *args, **options) -> None:

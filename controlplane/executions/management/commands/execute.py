@@ -6,7 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.conf import settings
+from django.core.management.base import CommandError
+
+from controlplane.commands import HoldfastCommand
 
 # Exit codes for outcomes that have no exit status of their own, after coreutils'
 # timeout(1) and sysexits.h, so shell scripts can tell them apart.
@@ -16,7 +19,7 @@ EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: it may have run; look before retrying
 EXIT_SYSTEM = 70  # EX_SOFTWARE
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Execute a Python snippet in a sandbox and print its output."
 
     def add_arguments(self, parser) -> None:
@@ -26,6 +29,12 @@ class Command(BaseCommand):
         parser.add_argument("--owner", default="cli")
         parser.add_argument("--timeout", type=float, default=None, help="seconds")
         parser.add_argument("--memory", type=int, default=None, help="MiB")
+        parser.add_argument(
+            "--pickup-wait",
+            type=float,
+            default=settings.EXECUTION_PICKUP_WAIT_S,
+            help="seconds to wait for a worker to claim the execution before cancelling it",
+        )
 
     def handle(self, *args, **options) -> None:
         from controlplane.executions.api import execute
@@ -40,7 +49,13 @@ class Command(BaseCommand):
             except OSError as exc:
                 raise CommandError(f"cannot read {options['file']}: {exc.strerror}") from None
         try:
-            result = execute(code, owner=options["owner"], timeout_s=options["timeout"], memory_mb=options["memory"])
+            result = execute(
+                code,
+                owner=options["owner"],
+                timeout_s=options["timeout"],
+                memory_mb=options["memory"],
+                pickup_wait_s=options["pickup_wait"],
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         sys.stdout.write(result.stdout)

@@ -26,7 +26,9 @@ from collections import Counter
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from controlplane.commands import HoldfastCommand
 
 # A short max age so the whole deploy takes well under a minute; production's is 120 s.
 DEFAULT_MAX_AGE_S = 5.0
@@ -78,7 +80,7 @@ class Stream:
             self._thread.join()
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Replace a sandbox host behind a balancer under a stream of executions; exit 1 on any failure."
 
     def add_arguments(self, parser) -> None:

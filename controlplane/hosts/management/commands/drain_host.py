@@ -17,10 +17,11 @@ import logging
 import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.commands import HoldfastCommand
 from controlplane.hosts import actions, snapshots
 from controlplane.hosts.models import SandboxHost
 
@@ -37,7 +38,7 @@ POLL_S = 0.5  # the snapshots change every publish interval (2 s); twice as ofte
 BAR_WIDTH = 20
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Drain a sandbox host: retire the pools' connections to it and wait until nothing runs there."
 
     def add_arguments(self, parser) -> None:

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
-
+from controlplane.commands import HoldfastCommand
 from controlplane.hosts import actions
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Register a sandbox host (NAME is its --host-id; --address its direct ws:// URL)."
 
     def add_arguments(self, parser) -> None:

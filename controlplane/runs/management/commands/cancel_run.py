@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import uuid
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from controlplane.commands import HoldfastCommand
 from controlplane.runs import actions
 from controlplane.runs.errors import RunNotFound
 from controlplane.runs.models import Run
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Cancel a live run."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
+from controlplane.commands import HoldfastCommand
 from controlplane.runs import actions
 from controlplane.runs.errors import RunsError
 from controlplane.runs.tasks import enqueue_launch
@@ -23,7 +24,7 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
     return out
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Create a run and launch it; prints the run id."
 
     def add_arguments(self, parser: CommandParser) -> None:

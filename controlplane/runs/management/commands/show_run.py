@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import uuid
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from controlplane.commands import HoldfastCommand
 from controlplane.runs.models import Receipt, Run
 from controlplane.runs.receipts import verify_receipt
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Show a run: status, result, receipt and events in order."
 
     def add_arguments(self, parser: CommandParser) -> None:

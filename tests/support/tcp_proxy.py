@@ -1,0 +1,89 @@
+"""A real TCP proxy for outage tests: it forwards bytes both ways until told to refuse,
+then cuts every connection it carries and closes its listening socket, so a client's
+next connect is refused by the kernel (ECONNREFUSED), as a database host that went
+away is. ``restore`` listens again on the same port.
+
+    with TcpProxy(("127.0.0.1", 5432)) as proxy:
+        ... clients dial proxy.port ...
+        proxy.refuse(); ...; proxy.restore()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class TcpProxy:
+    def __init__(self, backend: tuple[str, int]) -> None:
+        self.backend = backend
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.refused_since: float | None = None
+        self._start_accepting()
+
+    def _start_accepting(self) -> None:
+        thread = threading.Thread(target=self._accept, args=(self._listener,), daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed by refuse() or close()
+            try:
+                upstream = socket.create_connection(self.backend, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets.update((client, upstream))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                with self._lock:
+                    self._sockets.discard(sock)
+
+    def refuse(self) -> None:
+        """Stop listening (new connects are refused) and cut every open connection."""
+        self._listener.close()
+        with self._lock:
+            open_sockets = list(self._sockets)
+        for sock in open_sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def restore(self) -> None:
+        """Listen again on the same port."""
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._start_accepting()
+
+    def close(self) -> None:
+        self.refuse()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
