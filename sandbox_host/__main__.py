@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run sandboxes alive at once; more launches are answered not_started(at_capacity)",
     )
     parser.add_argument(
+        "--reserve",
+        type=int,
+        default=defaults.DEFAULT_RESERVE_SIZE,
+        help="sandboxes kept started ahead of time, each waiting for one execution's code (0: none)",
+    )
+    parser.add_argument(
         "--state-dir",
         default="",
         help="where run records live (default: holdfast-host-<host id> under the temp dir); "
@@ -106,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-concurrent must be >= 1")
     if args.max_runs < 0:
         parser.error("--max-runs must be >= 0")
+    if not 0 <= args.reserve <= defaults.DEFAULT_UID_BLOCK_SIZE - args.max_concurrent:
+        parser.error("--reserve must be >= 0 and fit with --max-concurrent in one uid block")
     if args.scratch_mb < 1:
         parser.error("--scratch-mb must be >= 1")
 
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() == 0:
             # Children run under uids only this host uses; the lock fd stays open (and
             # the block ours) until the process exits.
-            uid_base, _uid_lock_fd = uids.claim(args.max_concurrent)
+            uid_base, _uid_lock_fd = uids.claim(args.max_concurrent + args.reserve)
         isolation = probe(
             log,
             uid_base=uid_base,
@@ -152,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             auth_timeout_s=args.auth_timeout_s,
             max_concurrent=args.max_concurrent,
             max_runs=args.max_runs,
+            reserve=args.reserve,
             state_dir=args.state_dir,
         ),
     )

@@ -25,6 +25,7 @@ from .connection import CLOSE_GOING_AWAY, Connection
 from .executions import Admission
 from .isolation import Isolation
 from .log import log
+from .reserve import Reserve
 from .runs import RunLimits, RunSandboxes, default_state_dir
 
 
@@ -39,6 +40,7 @@ class Settings:
     # Limits
     max_concurrent: int = defaults.DEFAULT_MAX_CONCURRENT
     max_runs: int = defaults.DEFAULT_MAX_RUNS
+    reserve: int = defaults.DEFAULT_RESERVE_SIZE
     # Where run records live; empty means the default per host id under the temp dir.
     state_dir: str = ""
 
@@ -52,7 +54,18 @@ class Host:
         self.host_id = host_id
         self.isolation = isolation
         self.settings = settings
-        self.admission = Admission(settings.max_concurrent)
+        reserve_size = settings.reserve if isolation.sandboxed else 0
+        self.admission = Admission(settings.max_concurrent, spare=reserve_size)
+        self.reserve = (
+            Reserve(
+                reserve_size,
+                isolation=isolation,
+                take_slot=self.admission.take_slot,
+                return_slot=self.admission.return_slot,
+            )
+            if reserve_size
+            else None
+        )
         self.runs = RunSandboxes(
             state_dir=settings.state_dir or default_state_dir(host_id),
             isolation=isolation,
@@ -110,6 +123,8 @@ class Host:
         # Closing the listener first: from here the kernel refuses new connections.
         self.listener.close()
         self.admission.start_draining()
+        if self.reserve is not None:
+            self.reserve.close()  # nothing new starts here: let the waiting sandboxes go
         with self._lock:
             self._draining = True
             notify = list(self._authenticated)
