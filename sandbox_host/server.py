@@ -123,8 +123,6 @@ class Host:
         # Closing the listener first: from here the kernel refuses new connections.
         self.listener.close()
         self.admission.start_draining()
-        if self.reserve is not None:
-            self.reserve.close()  # nothing new starts here: let the waiting sandboxes go
         with self._lock:
             self._draining = True
             notify = list(self._authenticated)
@@ -132,6 +130,10 @@ class Host:
         log("draining_started", grace_ms=int(grace_s * 1000), connections=len(notify), in_flight=in_flight)
         for conn in notify:
             conn.send(protocol.Draining(grace_ms=int(grace_s * 1000)))
+        if self.reserve is not None:
+            # Nothing new starts here: let the waiting sandboxes go (after the clients
+            # were told, so tearing them down delays no one's news).
+            self.reserve.close()
         killed = 0
         if not self.admission.wait_idle(grace_s):
             killed = self.admission.in_flight()
