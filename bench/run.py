@@ -11,7 +11,12 @@ none). Rows, each against its baseline:
 * the same with 8 snippets in flight on one pooled connection;
 * the full path (row -> Celery -> pool -> host) vs a plain Celery task doing the
   same database work without a sandbox;
-* resident memory of an idle host, and its peak with 8 executions in flight.
+* resident memory of an idle host, and its peak with 8 executions in flight;
+* host side (issue 12), on a host's own WebSocket, frame in to result frame out: a
+  trivial execution in a prepared sandbox (the reserve) and in a fresh one
+  (``--reserve 0``), against a bare spawn of the interpreter the sandboxes run (P1);
+  8 in flight sustained for ``--seconds`` against a bare spawn loop of the same
+  concurrency (P3); each in-flight execution's unique memory (PSS).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +44,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
+from bench import host_speed  # noqa: E402
 from controlplane.sandbox import local  # noqa: E402
 from controlplane.sandbox.outcome import ExecRequest  # noqa: E402
 from controlplane.sandbox.pool import PoolConfig, SandboxPool  # noqa: E402
@@ -166,9 +173,87 @@ def full_path(n: int, plain: bool) -> list[float]:
     return samples
 
 
+def tree(pid: int) -> list[int]:
+    """``pid`` and every live process below it."""
+    found = [pid]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != pid:
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid or _descends(ppid, pid):
+                found.append(int(proc.name))
+    return found
+
+
+def measure_host(token: str, label: str, args: tuple[str, ...], n: int, seconds: float) -> dict:
+    """One host: ``n`` executions one at a time, then 8 in flight for ``seconds``, and
+    its PSS idle and at its peak."""
+    host = local.start_host(token, host_id=f"bench-{uuid.uuid4().hex[:6]}", extra_args=args)
+    try:
+        url = local.host_url(host)
+        client = host_speed.HostClient(url, token)
+        time.sleep(1.0)  # let the reserve fill
+        idle_pss = host_speed.pss_kib(tree(host.popen.pid))
+        samples = host_speed.latencies(client.execute, n, pause_s=0.1)
+        client.close()
+        peak = [0]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], host_speed.pss_kib(tree(host.popen.pid)))
+                time.sleep(0.2)
+
+        clients: list[host_speed.HostClient] = []
+
+        def make() -> Callable[[], None]:
+            client = host_speed.HostClient(url, token)
+            clients.append(client)
+            return client.execute
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        rate = host_speed.throughput(make, 8, seconds)
+        stop.set()
+        sampler.join()
+        for c in clients:
+            c.close()
+    finally:
+        host.stop()
+    return {"label": label, "samples": samples, "rate": rate, "idle_pss": idle_pss, "peak_pss": peak[0]}
+
+
+def host_side(token: str, n: int, seconds: float) -> dict:
+    """Issue 12's rows: see the module docstring."""
+    bare = host_speed.latencies(host_speed.bare_spawn, n)
+    bare_rate = host_speed.throughput(lambda: host_speed.bare_spawn, 8, seconds)
+    b50, b95 = ms(bare)
+    rows = [
+        ("bare spawn of the sandboxes' interpreter (baseline)", f"{b50:.1f}", f"{b95:.1f}", f"{1000 / b50:.1f}/s"),
+        ("bare spawn loop, 8 at once (baseline)", "", "", f"{bare_rate:.1f}/s"),
+    ]
+    notes = []
+    for label, args in (("prepared sandbox (reserve)", ()), ("fresh sandbox (--reserve 0)", ("--reserve", "0"))):
+        found = measure_host(token, label, args, n, seconds)
+        p50, p95 = ms(found["samples"])
+        rate = found["rate"]
+        rows.append((f"host side, {label}, 1 at a time", f"{p50:.1f}", f"{p95:.1f}", f"{1000 / p50:.1f}/s"))
+        rows.append((f"host side, {label}, 8 in flight {seconds:g} s", "", "", f"{rate:.1f}/s"))
+        unique = (found["peak_pss"] - found["idle_pss"]) / 8 / 1024
+        notes.append(
+            f"{label}: p50 {p50 / b50:.2f}x the bare spawn (P1 goal <= 0.1x); 8 in flight {rate / bare_rate:.2f}x "
+            f"the bare spawn loop (P3 goal >= 3x); host PSS idle {found['idle_pss'] / 1024:.1f} MiB, peak with "
+            f"8 in flight {found['peak_pss'] / 1024:.1f} MiB, about {unique:.1f} MiB unique per execution in flight"
+        )
+    return {"rows": rows, "notes": notes}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=40, help="samples per row")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long each throughput row runs")
     args = parser.parse_args()
     n = args.n
     for folder in ("queue", "processed", "control"):
@@ -224,6 +309,8 @@ def main() -> None:
         rows.append(("full path: row, Celery, pool, host", f"{f50:.1f}", f"{f95:.1f}", f"{1000 / f50:.1f}/s"))
     finally:
         host.stop()
+    speed = host_side(token, n, args.seconds)
+    rows += speed["rows"]
     db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     print(f"\nHoldfast benchmarks: n={n}, database={db}, broker={settings.CELERY_BROKER_URL.split('://')[0]}, "
           f"cpus={os.cpu_count()}, python={sys.version.split()[0]}\n")  # fmt: skip
@@ -232,6 +319,8 @@ def main() -> None:
     for name, p50, p95, rate in rows:
         print(f"{name:<{width}}  {p50:>8}  {p95:>8}  {rate:>9}")
     print(f"\nhost resident memory: idle {idle_rss / 1024:.1f} MiB, peak with 8 in flight {peak[0] / 1024:.1f} MiB")
+    for line in speed["notes"]:
+        print(line)
 
 
 if __name__ == "__main__":

@@ -92,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-cert", default="", help="PEM certificate chain: serve wss:// (needs --tls-key)")
     parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     parser.add_argument(
+        "--reserve",
+        type=int,
+        default=defaults.DEFAULT_RESERVE_SIZE,
+        help="sandboxes kept started ahead of time, each waiting for one execution's code (0: none)",
+    )
+    parser.add_argument(
         "--state-dir",
         default="",
         help="where run records live (default: holdfast-host-<host id> under the temp dir); "
@@ -122,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-concurrent must be >= 1")
     if args.max_runs < 0:
         parser.error("--max-runs must be >= 0")
+    if not 0 <= args.reserve <= defaults.DEFAULT_UID_BLOCK_SIZE - args.max_concurrent:
+        parser.error("--reserve must be >= 0 and fit with --max-concurrent in one uid block")
     if args.scratch_mb < 1:
         parser.error("--scratch-mb must be >= 1")
     if args.max_pre_auth < 1 or args.max_pre_auth_per_peer < 1:
@@ -152,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() == 0:
             # Children run under uids only this host uses; the lock fd stays open (and
             # the block ours) until the process exits.
-            uid_base, _uid_lock_fd = uids.claim(args.max_concurrent)
+            uid_base, _uid_lock_fd = uids.claim(args.max_concurrent + args.reserve)
         isolation = probe(
             log,
             uid_base=uid_base,
@@ -190,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             max_runs=args.max_runs,
             max_pre_auth=args.max_pre_auth,
             max_pre_auth_per_peer=args.max_pre_auth_per_peer,
+            reserve=args.reserve,
             state_dir=args.state_dir,
         ),
         tls=tls,

@@ -21,6 +21,7 @@ inside (``exec_wrapper.py``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -91,6 +92,19 @@ class Cgroups:
             joins.append(os.path.join(path, "cgroup.procs"))
         return joins
 
+    def set_memory(self, name: str, memory_bytes: int) -> None:
+        """Change the memory bound of ``name``'s groups (a prepared sandbox meeting its
+        execution). Raises OSError if the kernel refuses."""
+        for controller, path in self.paths(name).items():
+            if self.version == "v2":
+                _write(path, "memory.max", str(memory_bytes))
+            elif controller == "memory":
+                # Lower the combined bound first where it is above the new one: the
+                # kernel refuses memsw < memory, in either order of the two writes.
+                _write(path, "memory.memsw.limit_in_bytes", str(memory_bytes), optional=True, ignore_invalid=True)
+                _write(path, "memory.limit_in_bytes", str(memory_bytes))
+                _write(path, "memory.memsw.limit_in_bytes", str(memory_bytes), optional=True)
+
     def members(self, name: str) -> list[int]:
         found: set[int] = set()
         for path in self.paths(name).values():
@@ -145,12 +159,15 @@ class Cgroups:
         return removed
 
 
-def _write(path: str, name: str, value: str, *, optional: bool = False) -> None:
+def _write(path: str, name: str, value: str, *, optional: bool = False, ignore_invalid: bool = False) -> None:
     try:
         with open(os.path.join(path, name), "w") as fh:
             fh.write(value)
     except FileNotFoundError:
         if not optional:
+            raise
+    except OSError as exc:
+        if not (ignore_invalid and exc.errno == errno.EINVAL):
             raise
 
 

@@ -21,6 +21,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +34,18 @@ if TYPE_CHECKING:
     from .isolation import Isolation
 
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_wrapper.py")
+WAITER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "waiter.py")
+WAITER_INSIDE = f"{sandbox.HOLDFAST_DIR}/waiter.py"
+
+
+def snippet_dir() -> str:
+    """Where a prepared sandbox's ``/holdfast/main.py`` lives on the host (one file per
+    slot uid, bound read-only into the sandbox and filled when its code arrives): in RAM
+    (/dev/shm) where there is one, root's alone."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # noqa: S108 - made 0711 below
+    path = os.path.join(base, f"holdfast-snippets-{os.geteuid()}")
+    os.makedirs(path, mode=0o711, exist_ok=True)
+    return path
 
 
 class ChildError(OSError):
@@ -78,18 +91,32 @@ class _Capped:
 
 
 class Child:
-    """A started execution. ``wait`` blocks until it ended and returns its outcome."""
+    """A started execution. ``wait`` blocks until it ended and returns its outcome.
 
-    def __init__(self, code: str, limits: Limits, *, isolation: Isolation, uid: int | None) -> None:
+    A *prepared* child (``code=None``) is a sandbox started ahead of time whose
+    interpreter waits for code (``waiter.py``); ``deliver`` hands it one execution's
+    code and limits, after which it is an ordinary child. Its ``limits`` until then are
+    the ceilings it was started under."""
+
+    def __init__(
+        self, code: str | None, limits: Limits, *, isolation: Isolation, uid: int | None, slot: int = -1
+    ) -> None:
         self.code = code
         self.limits = limits
         self.isolation = isolation
         self.uid = uid
+        self.slot = slot
         self.cgroup = f"exec-{uid}" if uid is not None and isolation.cgroups.enabled else ""
         self.proc: subprocess.Popen[bytes] | None = None
+        self._feed: int | None = None  # a prepared child's code pipe, our end
+        self._snippet = ""  # a prepared child's /holdfast/main.py, on the host
         self._stop = threading.Event()
         self._stop_status = "cancelled"
         self._stop_error = ""
+
+    @property
+    def prepared(self) -> bool:
+        return self._feed is not None
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -97,10 +124,30 @@ class Child:
         """Start the sandbox. Raises ``ChildError`` if it cannot (nothing ran)."""
         fds: list[int] = []
         try:
-            code_fd = os.memfd_create("holdfast-snippet", os.MFD_CLOEXEC)
-            fds.append(code_fd)
-            os.write(code_fd, self.code.encode("utf-8", errors="surrogatepass"))
-            os.lseek(code_fd, 0, os.SEEK_SET)
+            if self.code is None:  # prepared: the code comes later, down a pipe
+                code_fd, self._feed = os.pipe()
+                fds.append(code_fd)
+                inner = [self.isolation.python, "-I", WAITER_INSIDE, str(code_fd)]
+                # /holdfast/main.py exists as in a fresh sandbox (a snippet may run itself
+                # again, as multiprocessing's spawn does): an empty file now, its code later.
+                owner = self.uid if self.uid is not None else self.slot
+                self._snippet = os.path.join(snippet_dir(), f"exec-{owner}.py")
+                with open(os.open(self._snippet, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w"):
+                    pass
+                os.chmod(self._snippet, 0o644)
+                ro_binds: tuple[tuple[str, str], ...] = (
+                    (WAITER_PATH, WAITER_INSIDE),
+                    (self._snippet, sandbox.SNIPPET_PATH),
+                )
+                snippet_fd = None
+            else:
+                code_fd = os.memfd_create("holdfast-snippet", os.MFD_CLOEXEC)
+                fds.append(code_fd)
+                os.write(code_fd, self.code.encode("utf-8", errors="surrogatepass"))
+                os.lseek(code_fd, 0, os.SEEK_SET)
+                inner = [self.isolation.python, "-I", sandbox.SNIPPET_PATH]
+                ro_binds = ()
+                snippet_fd = code_fd
             seccomp_fd = None
             if self.isolation.sandboxed:
                 seccomp_fd = seccomp_policy.program_fd(self.isolation.seccomp)
@@ -116,17 +163,22 @@ class Child:
             command, args_fd = sandbox.hide_arguments(
                 self.isolation.command(
                     uid=self.uid,
-                    code_fd=code_fd,
+                    code_fd=snippet_fd,
                     seccomp_fd=seccomp_fd,
-                    command=[self.isolation.python, "-I", sandbox.SNIPPET_PATH],
+                    command=inner,
                     env=sandbox.EXECUTION_ENV,
+                    ro_binds=ro_binds,
                 )
             )
             if args_fd is not None:
                 fds.append(args_fd)
             spec = {"cgroups": joins, "rlimits": self._rlimits(), "argv": command, "die_with_parent": os.getpid()}
+            if self.code is None and self.cgroup:
+                # Prepared ahead: at low priority until its execution arrives (``deliver``
+                # finds its processes through its groups and restores them).
+                spec["nice"] = defaults.DEFAULT_RESERVE_NICE
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", WRAPPER_PATH, json.dumps(spec)],
+                [sys.executable, "-I", "-S", WRAPPER_PATH, json.dumps(spec)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -144,16 +196,52 @@ class Child:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
+    def deliver(self, code: str, limits: Limits) -> None:
+        """Hand a prepared child its one execution. Raises ``ChildError`` if it is gone
+        (it read nothing, so the code provably never ran)."""
+        assert self._feed is not None
+        header = {"as_bytes": limits.memory_mb * 1024 * 1024, "cpu_s": self._cpu_s(limits)}
+        payload = json.dumps(header).encode() + b"\n" + code.encode("utf-8", errors="surrogatepass")
+        feed, self._feed = self._feed, None
+        try:
+            if self.cgroup:
+                self.isolation.cgroups.set_memory(self.cgroup, limits.memory_mb * 1024 * 1024)
+                for pid in self.isolation.cgroups.members(self.cgroup):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.setpriority(os.PRIO_PROCESS, pid, 0)
+            # The file first: the code must be there before it runs.
+            with open(os.open(self._snippet, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
+                fh.write(code.encode("utf-8", errors="surrogatepass"))
+            with open(feed, "wb", closefd=True) as pipe:
+                feed = -1
+                pipe.write(payload)
+        except OSError as exc:
+            if feed >= 0:
+                os.close(feed)
+            raise ChildError(f"the prepared child is gone: {exc.__class__.__name__}") from None
+        self.code, self.limits = code, limits
+
+    def discard(self) -> None:
+        """Let an unused prepared child go: it reads an empty pipe and exits unused."""
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            os.close(feed)
+        self.kill()
+
     def _rlimits(self) -> dict[str, int]:
         limits = self.limits
         return {
-            "cpu_s": -(-limits.timeout_ms // 1000) + defaults.DEFAULT_CPU_MARGIN_S,
+            "cpu_s": self._cpu_s(limits),
             "as_bytes": limits.memory_mb * 1024 * 1024,
             "nproc": limits.max_processes,
             "fsize": limits.max_file_bytes,
             "nofile": limits.max_open_files,
             "core": 0,
         }
+
+    @staticmethod
+    def _cpu_s(limits: Limits) -> int:
+        return -(-limits.timeout_ms // 1000) + defaults.DEFAULT_CPU_MARGIN_S
 
     def stop(self, status: str, error: str = "") -> None:
         """Ask ``wait`` to kill the child and report ``status`` (cancel, drain expiry)."""
@@ -235,6 +323,10 @@ class Child:
         cgroup, self.cgroup = self.cgroup, ""
         if cgroup:
             self.isolation.cgroups.remove(cgroup)
+        snippet, self._snippet = self._snippet, ""
+        if snippet:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(snippet)
 
 
 def kill_uid(uid: int, *, rounds: int = 20) -> None:

@@ -212,7 +212,10 @@ class Connection:
         isolation = self.host.isolation
         self.send(
             protocol.AuthOk(
-                host_id=self.host.host_id, draining=draining, isolation=isolation.name, bounds=isolation.bounds()
+                host_id=self.host.host_id,
+                draining=draining,
+                isolation=isolation.name,
+                bounds={**isolation.bounds(), "reserve": self.host.reserve.size if self.host.reserve else 0},
             )
         )
 
@@ -245,6 +248,7 @@ class Connection:
                     isolation=self.host.isolation,
                     send=self.send,
                     conn_id=self.id,
+                    reserve=self.host.reserve,
                 )
             finally:
                 self.executions.discard(frame.id)

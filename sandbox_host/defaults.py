@@ -40,6 +40,25 @@ DEFAULT_RUN_CPU_S = 25 * 3600
 # ``not_started(at_capacity)`` so the pool can go elsewhere. Two cores run 32 short
 # snippets at once without starving the server threads.
 DEFAULT_MAX_CONCURRENT = 32
+# Sandboxes kept started ahead of time, each waiting for one execution's code
+# (reserve.py): an execution that finds one ready starts in well under a millisecond
+# instead of tens. Each holds a uid slot (beyond --max-concurrent) and ~15 MiB while it
+# waits; 4 covers a burst on a 2-core host, the refill keeps up with what one core spawns.
+DEFAULT_RESERVE_SIZE = 4
+# A prepared sandbox is started under these ceilings and lowered to its execution's
+# limits when the code arrives (a hard limit can be lowered, never raised): requests
+# above them get a fresh sandbox. The control plane's own maxima by default.
+DEFAULT_RESERVE_MAX_MEMORY_MB = 1024
+DEFAULT_RESERVE_MAX_TIMEOUT_MS = 300_000
+# Niceness of a sandbox while it is being prepared and waits (root hosts; restored to 0
+# when its execution arrives): starting the next one never slows the one running now.
+DEFAULT_RESERVE_NICE = 10
+# How often the refill looks for prepared sandboxes that died while waiting.
+DEFAULT_RESERVE_CHECK_S = 1.0
+# The refill's pause after a sandbox would not start (no free slot, a failing spawn),
+# doubling up to the max: a broken machine is retried, not spun on.
+DEFAULT_RESERVE_RETRY_S = 0.1
+DEFAULT_RESERVE_RETRY_MAX_S = 5.0
 # Processes (threads included) a child may have: enough for a snippet that uses a pool
 # of workers, few enough that a fork bomb hits the wall at once. Per uid, and each
 # execution slot has its own uid when the host runs as root.

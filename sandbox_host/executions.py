@@ -18,6 +18,11 @@ from . import protocol
 from .children import Child, ChildError, Limits
 from .isolation import Isolation
 from .log import log
+from .reserve import Reserve
+
+# A slot is normally free at once (there are max_concurrent + reserve of them); a
+# finished execution still cleaning up may hold one for a moment.
+SLOT_WAIT_S = 5.0
 
 
 class Refused(Exception):
@@ -34,17 +39,25 @@ class Running:
     slot: int
     child: Child | None = None
     cancel_requested: bool = False
+    finished: bool = False
 
 
 class Admission:
-    def __init__(self, max_concurrent: int) -> None:
+    """Executions running at once are capped at ``max_concurrent``. Uids come from a
+    separate pool of ``max_concurrent + spare`` slots: a prepared sandbox (``reserve``)
+    holds one while it waits, and a finished execution holds its own until its clean-up
+    is done, after its result was sent."""
+
+    def __init__(self, max_concurrent: int, *, spare: int = 0) -> None:
         self._cond = threading.Condition()
-        self._free_slots = list(range(max_concurrent - 1, -1, -1))
+        self.max_concurrent = max_concurrent
+        self._free_slots = list(range(max_concurrent + spare - 1, -1, -1))
         self._running: dict[str, Running] = {}
         self.draining = False
 
     def admit(self, execution_id: str) -> Running:
-        """Reserve a slot for ``execution_id`` or raise ``Refused``."""
+        """Admit ``execution_id`` or raise ``Refused``. Its slot comes later (a prepared
+        sandbox's, or ``take_slot``)."""
         with self._cond:
             if execution_id in self._running:
                 raise Refused(
@@ -54,11 +67,25 @@ class Admission:
             # may send it elsewhere because it provably never ran here.
             if self.draining:
                 raise Refused(protocol.NotStarted(id=execution_id, reason="draining"))
-            if not self._free_slots:
+            if sum(not r.finished for r in self._running.values()) >= self.max_concurrent:
                 raise Refused(protocol.NotStarted(id=execution_id, reason="at_capacity"))
-            running = Running(execution_id, self._free_slots.pop())
+            running = Running(execution_id, -1)
             self._running[execution_id] = running
             return running
+
+    def take_slot(self, timeout: float = 0.0) -> int | None:
+        """A free slot (its uid is ours until ``return_slot``), waiting up to
+        ``timeout`` for one; None if there is none."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._free_slots, timeout=timeout):
+                return None
+            return self._free_slots.pop()
+
+    def return_slot(self, slot: int) -> None:
+        with self._cond:
+            if slot >= 0:
+                self._free_slots.append(slot)
+                self._cond.notify_all()
 
     def attach(self, running: Running, child: Child) -> bool:
         """Record the started child; False if a cancel arrived before it existed."""
@@ -77,21 +104,24 @@ class Admission:
             child.stop(status, error)
         return True
 
-    def free_slot(self, running: Running) -> None:
-        """The child is gone: its slot (and uid) may take new work. Called before the
-        result is sent, so a client that answers a result with new work finds room."""
+    def finish(self, running: Running) -> None:
+        """The execution is over and its result about to be sent: it counts toward the
+        admission limit no more, so a client that answers a result with new work finds
+        room. It stays in flight (the drain waits for it) until ``release``."""
         with self._cond:
-            if running.slot >= 0:
-                self._free_slots.append(running.slot)
-                running.slot = -1
+            running.finished = True
 
     def release(self, running: Running) -> None:
-        """The execution is over, its result sent: the drain may stop waiting for it."""
-        self.free_slot(running)
+        """Its result is sent and everything of it is gone: the drain may stop waiting
+        for it, and its slot (and uid) may be used again."""
         with self._cond:
+            running.finished = True
             # Only this execution's entry: after an early release the id may be reused.
             if self._running.get(running.id) is running:
                 del self._running[running.id]
+            slot, running.slot = running.slot, -1
+            if slot >= 0:
+                self._free_slots.append(slot)
             self._cond.notify_all()
 
     def in_flight(self) -> int:
@@ -121,20 +151,16 @@ def run_execution(
     isolation: Isolation,
     send: Callable[[protocol.Frame], object],
     conn_id: str,
+    reserve: Reserve | None = None,
 ) -> None:
     """Thread body for one admitted execution. Always releases its slot."""
-    child = Child(
-        frame.code,
-        Limits(timeout_ms=frame.timeout_ms, memory_mb=frame.memory_mb),
-        isolation=isolation,
-        uid=isolation.uid_for(running.slot),
-    )
+    limits = Limits(timeout_ms=frame.timeout_ms, memory_mb=frame.memory_mb)
+    child: Child | None = None
     try:
-        try:
-            child.start()
-        except ChildError as exc:
+        child, prepared = _start(frame, running, limits, admission=admission, isolation=isolation, reserve=reserve)
+        if child is None:
             # No process exists, so the code provably never ran: not_started, not a failure.
-            log("execution_not_started", conn=conn_id, id=frame.id, reason="spawn_failed", error=str(exc))
+            log("execution_not_started", conn=conn_id, id=frame.id, reason="spawn_failed")
             # Free the id before answering: the pool moves the execution at once, maybe
             # back to this host, which must not call it a duplicate.
             admission.release(running)
@@ -142,11 +168,17 @@ def run_execution(
             return
         if not admission.attach(running, child):
             child.stop("cancelled", "Execution was cancelled")
-        log("execution_started", conn=conn_id, id=frame.id, slot=running.slot, timeout_ms=frame.timeout_ms)
+        log(
+            "execution_started",
+            conn=conn_id,
+            id=frame.id,
+            slot=running.slot,
+            timeout_ms=frame.timeout_ms,
+            prepared=prepared,
+        )
         send(protocol.Started(id=frame.id))
         outcome = child.wait()
-        child.cleanup()
-        admission.free_slot(running)
+        admission.finish(running)
         log(
             "execution_finished",
             conn=conn_id,
@@ -168,9 +200,47 @@ def run_execution(
         )
     except Exception as exc:  # a host bug must not leak the slot or kill the connection thread
         log("execution_internal_error", conn=conn_id, id=frame.id, error=exc.__class__.__name__)
-        if running.slot >= 0:  # once freed, the slot's uid may belong to another execution
+        if child is not None:
             child.kill()
         send(protocol.Error(code="internal", message="the host failed running this execution", id=frame.id))
     finally:
-        child.cleanup()
+        # After the result: the clean-up (its groups, anything left of its uid) is not
+        # the caller's wait. The slot is reused only once it is done.
+        if child is not None:
+            child.cleanup()
         admission.release(running)
+
+
+def _start(
+    frame: protocol.Execute,
+    running: Running,
+    limits: Limits,
+    *,
+    admission: Admission,
+    isolation: Isolation,
+    reserve: Reserve | None,
+) -> tuple[Child | None, bool]:
+    """A child running ``frame``'s code, and whether it was prepared: one from the
+    reserve when one fits, else a fresh one. None if neither could be had (nothing ran)."""
+    if reserve is not None:
+        while (prepared := reserve.take(limits)) is not None:
+            running.slot = prepared.slot
+            try:
+                prepared.deliver(frame.code, limits)
+                return prepared, True
+            except ChildError:
+                # It died waiting (it never read the code): let it go, try the next.
+                prepared.discard()
+                prepared.cleanup()
+                admission.return_slot(prepared.slot)
+                running.slot = -1
+    slot = admission.take_slot(timeout=SLOT_WAIT_S)
+    if slot is None:
+        return None, False
+    running.slot = slot
+    child = Child(frame.code, limits, isolation=isolation, uid=isolation.uid_for(slot), slot=slot)
+    try:
+        child.start()
+    except ChildError:
+        return None, False
+    return child, False

@@ -313,6 +313,15 @@ def sweep_leftovers(isolation: Isolation, log: Callable[..., None]) -> None:
                 if prefix == "exec" and number.isdigit() and stale(int(number)):
                     isolation.cgroups.remove(name)
                     groups += 1
+    from .children import snippet_dir
+
+    with contextlib.suppress(OSError):
+        directory = snippet_dir()
+        for name in os.listdir(directory):
+            prefix, _, rest = name.partition("-")
+            number = rest.removesuffix(".py")
+            if prefix == "exec" and number.isdigit() and stale(int(number)):
+                os.unlink(os.path.join(directory, name))
     dirs = 0
     temp = tempfile.gettempdir()
     with contextlib.suppress(OSError):

@@ -303,7 +303,7 @@ class RunSandboxes:
                 },
                 "argv": command,
             }
-            proc = _detached([sys.executable, "-I", WRAPPER_PATH, json.dumps(spec)], log_fd, tuple(fds))
+            proc = _detached([sys.executable, "-I", "-S", WRAPPER_PATH, json.dumps(spec)], log_fd, tuple(fds))
             relay = self._start_relay(listener, frame.control_plane_url, proc.pid, uid, joins, log_fd)
         finally:
             listener.close()

@@ -29,6 +29,7 @@ from .connection import CLOSE_GOING_AWAY, Connection
 from .executions import Admission
 from .isolation import Isolation
 from .log import log
+from .reserve import Reserve
 from .runs import RunLimits, RunSandboxes, default_state_dir
 
 
@@ -45,6 +46,7 @@ class Settings:
     max_runs: int = defaults.DEFAULT_MAX_RUNS
     max_pre_auth: int = defaults.DEFAULT_MAX_PRE_AUTH
     max_pre_auth_per_peer: int = defaults.DEFAULT_MAX_PRE_AUTH_PER_PEER
+    reserve: int = defaults.DEFAULT_RESERVE_SIZE
     # Where run records live; empty means the default per host id under the temp dir.
     state_dir: str = ""
 
@@ -68,7 +70,18 @@ class Host:
         self.host_id = host_id
         self.isolation = isolation
         self.settings = settings
-        self.admission = Admission(settings.max_concurrent)
+        reserve_size = settings.reserve if isolation.sandboxed else 0
+        self.admission = Admission(settings.max_concurrent, spare=reserve_size)
+        self.reserve = (
+            Reserve(
+                reserve_size,
+                isolation=isolation,
+                take_slot=self.admission.take_slot,
+                return_slot=self.admission.return_slot,
+            )
+            if reserve_size
+            else None
+        )
         self.runs = RunSandboxes(
             state_dir=settings.state_dir or default_state_dir(host_id),
             isolation=isolation,
@@ -180,6 +193,10 @@ class Host:
         log("draining_started", grace_ms=int(grace_s * 1000), connections=len(notify), in_flight=in_flight)
         for conn in notify:
             conn.send(protocol.Draining(grace_ms=int(grace_s * 1000)))
+        if self.reserve is not None:
+            # Nothing new starts here: let the waiting sandboxes go (after the clients
+            # were told, so tearing them down delays no one's news).
+            self.reserve.close()
         killed = 0
         if not self.admission.wait_idle(grace_s):
             killed = self.admission.in_flight()

@@ -52,6 +52,7 @@ def summarize(connections: Iterable[dict], finished_recent: dict[str, int]) -> d
                 "retire_reasons": [],
                 "urls": [],
                 "isolation": "",
+                "reserve": None,
             },
         )
 
@@ -61,6 +62,8 @@ def summarize(connections: Iterable[dict], finished_recent: dict[str, int]) -> d
             continue
         item = entry(host_id)
         item["isolation"] = conn.get("isolation") or item["isolation"]
+        if conn.get("reserve") is not None:
+            item["reserve"] = conn["reserve"]
         reason = conn.get("retire_reason") or ""
         if reason and reason not in item["retire_reasons"]:
             # Kept even for closed connections: an idle connection that got the host's

@@ -39,6 +39,7 @@ class HostView:
     last_seen_at: str | None
     drain_started_at: str | None
     isolation: str = ""
+    reserve: int | None = None
     last_seen_ago_s: float | None = None
     drain_elapsed_s: float | None = None
     connections: int = 0
@@ -119,6 +120,8 @@ def build(*, now: datetime | None = None) -> dict:
                 )
             )
             view.isolation = item.get("isolation") or view.isolation
+            if item.get("reserve") is not None:
+                view.reserve = item["reserve"]
             view.connections += item["connections"]
             view.retiring += item["retiring"]
             view.oldest_age_s = max(view.oldest_age_s, item["oldest_age_s"])

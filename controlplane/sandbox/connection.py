@@ -74,8 +74,10 @@ class HostConnection:
         self.max_age_s = max_age_s
         self.limit = limit
         self.host_id = ""
-        # What the host said of its containment in auth_ok (protocol.ISOLATION_LEVELS).
+        # What the host said of its containment in auth_ok (protocol.ISOLATION_LEVELS),
+        # and how many sandboxes it keeps prepared (None: a host that does not say).
         self.isolation = ""
+        self.reserve: int | None = None
         self.state = OPEN
         self.retire_reason = ""
         self.opened_at = clock()
@@ -119,6 +121,7 @@ class HostConnection:
             )
             raise ConnectFailed(f"host {reply.host_id}: {refusal} (HOLDFAST_REQUIRED_ISOLATION)")
         self.isolation = reply.isolation
+        self.reserve = (reply.bounds or {}).get("reserve")
         ws.settimeout(IO_TIMEOUT_S)
         self._ws = ws
         self.host_id = reply.host_id

@@ -199,6 +199,7 @@ class SandboxPool:
             {
                 "host_id": c.host_id,
                 "isolation": c.isolation,
+                "reserve": c.reserve,
                 "url": c.url,
                 "state": c.state,
                 "retire_reason": c.retire_reason,

@@ -29,10 +29,18 @@ def _clean_cache():
 
 
 def conn(
-    host_id: str, *, state: str = "open", age: float = 10.0, in_flight: int = 0, reason: str = "", isolation="bwrap"
+    host_id: str,
+    *,
+    state: str = "open",
+    age: float = 10.0,
+    in_flight: int = 0,
+    reason: str = "",
+    isolation="bwrap",
+    reserve=None,
 ) -> dict:
     return {"host_id": host_id, "url": "ws://lb", "state": state, "retire_reason": reason, "age_s": age,
-            "max_age_s": 120.0, "in_flight": in_flight, "finished": 0, "isolation": isolation}  # fmt: skip
+            "max_age_s": 120.0, "in_flight": in_flight, "finished": 0, "isolation": isolation,
+            "reserve": reserve}  # fmt: skip
 
 
 def publish(worker: str, conns: list[dict], *, finished=None, interval: float = 2.0, applied=()) -> dict:
@@ -192,3 +200,11 @@ def test_the_page_and_the_admin_show_each_hosts_isolation(client):
     assert dict(SandboxHost.objects.values_list("name", "isolation")) == {"h1": "bwrap", "h2": "insecure-shared-uid"}
     client.force_login(User.objects.create_superuser("admin", password="pw"))
     assert "insecure-shared-uid" in client.get("/admin/hosts/sandboxhost/").content.decode()
+
+
+def test_the_page_shows_how_many_sandboxes_each_host_keeps_prepared(client):
+    staff(client)
+    publish("w1 pid=1", [conn("h1", reserve=4), conn("h2")])
+    data = client.get(URL + "?format=json").json()
+    assert {h["name"]: h["reserve"] for h in data["hosts"]} == {"h1": 4, "h2": None}
+    assert '<dd data-field="reserve">4</dd>' in data["html"]

@@ -144,6 +144,20 @@ def share(directory) -> tuple[str, ...]:
     return ("--insecure-shared-dir", str(directory))
 
 
+def busy_descendants(pid: int) -> list[int]:
+    """``descendants`` less the sandboxes the host keeps prepared, waiting for code."""
+    busy = []
+    for child in descendants(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as fh:
+                if b"/holdfast/waiter.py" in fh.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        busy.append(child)
+    return busy
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (read from /proc), deepest last."""
     children: dict[int, list[int]] = {}

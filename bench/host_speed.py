@@ -1,0 +1,99 @@
+"""Host-side speed: a trivial execution measured from frame in to result frame out on a
+real host's WebSocket (no pool, no database), against a bare spawn of the interpreter
+the sandboxes run, in the same run (issue 12: P1 latency, P3 throughput, memory).
+
+Used by ``bench/run.py``; standard library and the wire codec only.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import websocket
+
+from sandbox_host import protocol
+from sandbox_host.sandbox import base_interpreter
+
+SNIPPET = "print(1)"
+
+
+def bare_spawn() -> None:
+    """One ``python -I -c 'print(1)'`` of the interpreter user code runs in."""
+    subprocess.run([base_interpreter()[0], "-I", "-c", SNIPPET], check=True, capture_output=True)
+
+
+class HostClient:
+    """One authenticated connection; ``execute`` sends a frame and waits for its result."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.ws = websocket.create_connection(url, timeout=30)
+        self.ws.send(protocol.encode(protocol.Auth(token=token, client="bench")))
+        reply = protocol.decode(self.ws.recv())
+        if not isinstance(reply, protocol.AuthOk):
+            raise SystemExit(f"bench: the host refused us: {reply}")
+
+    def execute(self) -> None:
+        execution_id = uuid.uuid4().hex
+        self.ws.send(protocol.encode(protocol.Execute(id=execution_id, code=SNIPPET, timeout_ms=10_000, memory_mb=256)))
+        while True:
+            frame = protocol.decode(self.ws.recv())
+            if isinstance(frame, protocol.Result) and frame.id == execution_id:
+                if frame.status != "succeeded":
+                    raise SystemExit(f"bench: execution failed: {frame}")
+                return
+            if isinstance(frame, protocol.NotStarted | protocol.Error):
+                raise SystemExit(f"bench: execution refused: {frame}")
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def latencies(fn: Callable[[], None], n: int, *, pause_s: float = 0.0) -> list[float]:
+    """``n`` timed calls of ``fn``, one at a time (``pause_s`` between them: a trivial
+    execution arriving now and then, not back to back)."""
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+        time.sleep(pause_s)
+    return samples
+
+
+def throughput(make: Callable[[], Callable[[], None]], concurrency: int, seconds: float) -> float:
+    """Calls per second of ``concurrency`` threads each calling its own ``make()``
+    function back to back for ``seconds``."""
+    done = [0] * concurrency
+    deadline = time.monotonic() + seconds
+
+    def worker(i: int) -> None:
+        fn = make()
+        while time.monotonic() < deadline:
+            fn()
+            done[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.monotonic() - started)
+
+
+def pss_kib(pids: list[int]) -> int:
+    """Proportional set size of ``pids`` together, in KiB (shared pages split)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return total

@@ -1,0 +1,125 @@
+"""Sandboxes prepared ahead of time, so an execution's code starts at once.
+
+Starting a sandbox (bubblewrap, its namespaces and private root, ``setpriv``, an
+interpreter) costs tens of milliseconds; running a trivial snippet in a sandbox that is
+already up costs well under one. The reserve keeps ``size`` sandboxes started, each
+contained exactly as a fresh one (same command line, same uid slot rules, same seccomp
+filter and control groups) and waiting for code (``waiter.py``). An execution takes
+one, if its limits fit the reserve's ceilings, and a background thread starts the next.
+
+Each prepared sandbox is used once: one execution's code, then it ends. Nothing is
+shared between two executions but the host itself, which is why the containment tests
+hold for prepared sandboxes too (``tests/sandbox_host/test_escape.py`` runs both ways).
+A prepared sandbox that died while waiting (it never read any code) is let go and the
+next one tried, then a fresh one: an execution is never lost to the reserve.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from . import defaults
+from .children import Child, ChildError, Limits
+from .log import log
+
+
+class Reserve:
+    def __init__(
+        self,
+        size: int,
+        *,
+        isolation,
+        take_slot: Callable[[], int | None],
+        return_slot: Callable[[int], None],
+        # Limits
+        max_memory_mb: int = defaults.DEFAULT_RESERVE_MAX_MEMORY_MB,
+        max_timeout_ms: int = defaults.DEFAULT_RESERVE_MAX_TIMEOUT_MS,
+    ) -> None:
+        self.size = size
+        self.isolation = isolation
+        self.ceilings = Limits(timeout_ms=max_timeout_ms, memory_mb=max_memory_mb)
+        self._take_slot = take_slot
+        self._return_slot = return_slot
+        self._cond = threading.Condition()
+        self._ready: list[Child] = []
+        self._closed = False
+        self.started = 0  # prepared sandboxes started, for the bench and the page
+        self._thread = threading.Thread(target=self._refill, name="reserve", daemon=True)
+        self._thread.start()
+
+    def take(self, limits: Limits) -> Child | None:
+        """A prepared sandbox for an execution with ``limits``, or None (none ready, or
+        the limits are above the ceilings it was started under)."""
+        if limits.memory_mb > self.ceilings.memory_mb or limits.timeout_ms > self.ceilings.timeout_ms:
+            return None
+        with self._cond:
+            child = self._ready.pop(0) if self._ready else None
+            self._cond.notify_all()  # the refill thread starts the next one
+        return child
+
+    def ready(self) -> int:
+        with self._cond:
+            return len(self._ready)
+
+    def close(self) -> None:
+        """Stop refilling and let every waiting sandbox go (a drain, or the host exits)."""
+        with self._cond:
+            self._closed = True
+            ready, self._ready = self._ready, []
+            self._cond.notify_all()
+        for child in ready:
+            self._let_go(child)
+
+    def _let_go(self, child: Child) -> None:
+        child.discard()
+        child.cleanup()
+        self._return_slot(child.slot)
+
+    def _refill(self) -> None:
+        """Runs as long as the host: this thread is the parent of every sandbox it
+        started, and a sandbox's parent-death signal (it must die with the host) fires
+        when the thread that started it ends, not only the process. So after ``close``
+        it parks instead of returning, while executions may still run in its sandboxes."""
+        backoff = defaults.DEFAULT_RESERVE_RETRY_S
+        while True:
+            with self._cond:
+                # Waking now and then to let go of sandboxes that died waiting, so the
+                # reserve refills instead of holding corpses until someone takes them.
+                self._cond.wait_for(
+                    lambda: not self._closed and len(self._ready) < self.size, timeout=defaults.DEFAULT_RESERVE_CHECK_S
+                )
+                dead = [child for child in self._ready if child.proc is None or child.proc.poll() is not None]
+                self._ready = [child for child in self._ready if child not in dead]
+                wanted = not self._closed and len(self._ready) < self.size
+            for child in dead:
+                log("reserve_sandbox_died", slot=child.slot)
+                self._let_go(child)
+            if not wanted:
+                continue
+            child = self._prepare()
+            if child is None:
+                time.sleep(backoff)  # no free slot, or the sandbox would not start
+                backoff = min(backoff * 2, defaults.DEFAULT_RESERVE_RETRY_MAX_S)
+                continue
+            backoff = defaults.DEFAULT_RESERVE_RETRY_S
+            with self._cond:
+                if not self._closed:
+                    self._ready.append(child)
+                    self.started += 1
+                    continue
+            self._let_go(child)
+
+    def _prepare(self) -> Child | None:
+        slot = self._take_slot()
+        if slot is None:
+            return None
+        child = Child(None, self.ceilings, isolation=self.isolation, uid=self.isolation.uid_for(slot), slot=slot)
+        try:
+            child.start()
+        except ChildError as exc:
+            log("reserve_start_failed", error=str(exc))
+            self._return_slot(slot)
+            return None
+        return child

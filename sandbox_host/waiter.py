@@ -1,0 +1,104 @@
+"""The first and only program of a prepared sandbox: an interpreter already started,
+contained and unprivileged, waiting for one execution's code.
+
+A host keeps a few sandboxes prepared ahead of time (``reserve.py``): bubblewrap has
+built each one's private root and namespaces, ``setpriv`` has dropped it to its slot's
+uid with no capabilities and no_new_privs, the seccomp filter is loaded, and this
+program is blocked reading an inherited pipe. The host writes one header line (the
+execution's rlimits) and the code, then closes the pipe. This program lowers its
+limits to the execution's, compiles the code (here, in the sandbox, never before) and
+runs it as ``__main__`` the way ``python -I /holdfast/main.py`` would: same module
+name, ``__file__``, ``sys.argv``, tracebacks (without this program's frame) and exit
+codes. It is used once: the sandbox ends with the code.
+
+It ends the way interpreter shutdown ends as far as anyone can see (non-daemon threads
+joined, ``atexit`` handlers run, stdout and stderr flushed), then exits at once instead
+of tearing every module down: the sandbox, its tmpfs included, is thrown away whole, so
+the milliseconds of finalisation would buy nothing but a later result.
+
+Runs as ``python -I /holdfast/waiter.py FD``. Standard library only. A pipe closed
+with nothing in it (the host let the sandbox go unused) exits 0 without running
+anything.
+"""
+
+import atexit
+import builtins
+import contextlib
+import json
+import linecache
+import os
+import resource
+import sys
+import traceback
+import types
+
+FILENAME = "/holdfast/main.py"
+LIMITS = {"as_bytes": resource.RLIMIT_AS, "cpu_s": resource.RLIMIT_CPU}
+
+
+def read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def main(argv: list[str]) -> None:
+    data = read_all(int(argv[1]))
+    if not data:
+        os._exit(0)
+    header, _, code = data.partition(b"\n")
+    for name, value in json.loads(header).items():
+        # Lowering only: the sandbox was started with the reserve's ceilings, and an
+        # unprivileged process can never raise a hard limit again.
+        resource.setrlimit(LIMITS[name], (value, value))
+    run(code.decode("utf-8", errors="surrogateescape"))
+
+
+def run(source: str) -> None:
+    # Tracebacks read the source through linecache, as they would from the file.
+    linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
+    module = types.ModuleType("__main__")
+    module.__file__ = FILENAME
+    module.__builtins__ = builtins
+    sys.modules["__main__"] = module
+    sys.argv = [FILENAME]
+    try:
+        exec(compile(source, FILENAME, "exec"), module.__dict__)  # noqa: S102 - running user code is the point
+    except SystemExit as exc:
+        code = exit_code(exc)
+    except BaseException as exc:
+        # As the interpreter reports an uncaught exception, minus this program's frame.
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        traceback.print_exception(type(exc), exc, tb)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    else:
+        code = 0
+    finish(code)
+
+
+def exit_code(exc: SystemExit) -> int:
+    """What the interpreter exits with for ``SystemExit(exc.code)``."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def finish(code: int) -> None:
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        with contextlib.suppress(Exception):
+            threading._shutdown()  # joins non-daemon threads, as shutdown does
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

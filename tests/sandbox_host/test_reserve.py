@@ -1,0 +1,100 @@
+"""Prepared sandboxes (the reserve): each used once, nothing of one execution reaches the
+next, limits lowered to each execution's, a sandbox that died while waiting costs no
+execution, and what does not fit the reserve's ceilings gets a fresh sandbox."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+
+from sandbox_host import defaults
+from sandbox_host.children import WAITER_INSIDE
+from tests.support.host import connect, descendants, execute, start_host
+from tests.timing import wait_until
+
+from .conftest import TOKEN
+
+PROBE = textwrap.dedent(
+    """
+    import os, random
+    open("/tmp/mine", "w").write("x")
+    print(random.random(), os.urandom(8).hex(), hash("holdfast"), os.stat("/tmp").st_dev, os.listdir("/tmp"))
+    """
+)
+
+
+def waiting_sandboxes(host=None) -> list[int]:
+    """Interpreters waiting for code (of ``host``'s reserve, or of any host)."""
+    found = []
+    mine = set(descendants(host.pid)) if host is not None else None
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and (mine is None or int(pid) in mine):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+            except OSError:
+                continue
+            if WAITER_INSIDE.encode() in argv and b"bwrap" not in argv[0]:
+                found.append(int(pid))
+    return found
+
+
+def prepared_starts(host) -> int:
+    return sum("event=execution_started" in line and "prepared=True" in line for line in host.log_lines)
+
+
+def test_two_executions_share_nothing(host):
+    wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
+    before = prepared_starts(host)
+    ws = connect(host.url, TOKEN)
+    try:
+        first, second = execute(ws, PROBE), execute(ws, PROBE)
+    finally:
+        ws.close()
+    assert prepared_starts(host) - before == 2  # both ran in prepared sandboxes
+    a, b = (r.stdout.split(maxsplit=4) for r in (first, second))
+    assert a[:3] != b[:3] and a[0] != b[0] and a[1] != b[1]  # random, urandom and the hash seed differ
+    assert a[4].strip() == b[4].strip() == "['mine']"  # each saw only its own file
+
+
+def test_limits_are_lowered_to_the_executions_own(host):
+    wait_until(lambda: waiting_sandboxes(host), timeout=20, what="the reserve to fill")
+    ws = connect(host.url, TOKEN)
+    try:
+        hog = execute(ws, "data = bytearray(512 * 1024 * 1024)\nprint('allocated')", memory_mb=128)
+        slow = execute(ws, "while True:\n    pass", timeout_ms=1000)
+    finally:
+        ws.close()
+    assert hog.status == "failed" and "MemoryError" in hog.stderr
+    assert slow.status == "timed_out"
+
+
+def test_a_sandbox_that_died_waiting_costs_no_execution(shared_dir):
+    marker = shared_dir / "ran.txt"
+    marker.touch()
+    marker.chmod(0o666)
+    with start_host(TOKEN, extra_args=("--reserve", "2", "--insecure-shared-dir", str(shared_dir))) as host:
+        wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
+        for pid in waiting_sandboxes(host):
+            os.kill(pid, signal.SIGKILL)
+        ws = connect(host.url, TOKEN)
+        try:
+            results = [execute(ws, f"open({str(marker)!r}, 'a').write('ran\\n'); print('ok')") for _ in range(3)]
+        finally:
+            ws.close()
+        wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to refill")
+    assert [r.status for r in results] == ["succeeded"] * 3
+    assert marker.read_text().count("ran") == 3  # each ran exactly once
+
+
+def test_what_does_not_fit_the_ceilings_gets_a_fresh_sandbox(host):
+    wait_until(lambda: waiting_sandboxes(host), timeout=20, what="the reserve to fill")
+    before = prepared_starts(host)
+    ws = connect(host.url, TOKEN)
+    try:
+        big = execute(ws, "print('big')", memory_mb=defaults.DEFAULT_RESERVE_MAX_MEMORY_MB + 256)
+    finally:
+        ws.close()
+    assert big.status == "succeeded" and big.stdout == "big\n"
+    assert prepared_starts(host) == before
