@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.http import HttpResponse
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 
 from controlplane import ratelimit
 
@@ -15,7 +15,7 @@ class AdminLoginRateLimit:
         self.get_response = get_response
 
     def __call__(self, request):
-        if request.method == "POST" and request.path == reverse("admin:login"):
+        if request.method == "POST" and request.path == _admin_login():
             retry = ratelimit.hit(
                 "admin-login",
                 ratelimit.client_address(request),
@@ -29,3 +29,12 @@ class AdminLoginRateLimit:
                 response["Retry-After"] = str(retry)
                 return response
         return self.get_response(request)
+
+
+def _admin_login() -> str | None:
+    """The admin's sign-in path, or None where this process serves no admin (the
+    runner-api role)."""
+    try:
+        return reverse("admin:login")
+    except NoReverseMatch:
+        return None

@@ -24,7 +24,7 @@ def oversized_host(stdout_bytes: int) -> Iterator[str]:
 
     def handler(ws) -> None:
         ws.recv()
-        ws.send(protocol.encode(protocol.AuthOk(host_id="oversized")))
+        ws.send(protocol.encode(protocol.AuthOk(host_id="oversized", isolation=protocol.FULL_ISOLATION)))
         for message in ws:
             frame = protocol.decode(message)
             ws.send(

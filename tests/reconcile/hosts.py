@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.support.host import HostProcess, start_host
 
-TOKEN = "hf-reconcile-" + os.urandom(8).hex()
+TOKEN = "hf-reconcile-" + os.urandom(16).hex()
 HOST_ID = "reconcile-h1"
 
 

@@ -37,7 +37,7 @@ def _start(env: dict[str, str]) -> HostProcess:
 def test_the_procfile_host_line_keeps_the_host_id_and_state_dir_across_a_restart(tmp_path: Path):
     state = tmp_path / "host-state"
     env = {
-        "HOLDFAST_SANDBOX_TOKEN": "hf-procfile-" + os.urandom(8).hex(),
+        "HOLDFAST_SANDBOX_TOKEN": "hf-procfile-" + os.urandom(16).hex(),
         "HOLDFAST_HOST_LISTEN": f"127.0.0.1:{free_port()}",
         "HOLDFAST_HOST_ID": "procfile-host-7",
         "HOLDFAST_HOST_STATE_DIR": str(state),
