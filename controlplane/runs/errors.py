@@ -8,6 +8,7 @@
     ├── SessionStateMissing        no_session_state 404 nothing saved yet: a cold start
     ├── MethodNotAllowed           method_not_allowed 405
     ├── BadRequest                 bad_request     400  malformed JSON or fields
+    │   └── BadAck                 bad_ack         400  an ack refused whole (steer)
     ├── TooLarge                   too_large       413  body or batch over its bound
     └── Conflict                                   409
         ├── RunTerminal            run_terminal         the run already ended (carries its status)
@@ -37,6 +38,7 @@ class ErrorCode(StrEnum):
     BATCH_KEY_CONFLICT = "batch_key_conflict"
     REQUEST_KEY_CONFLICT = "request_key_conflict"
     LIMIT_REACHED = "limit_reached"
+    BAD_ACK = "bad_ack"
 
 
 HTTP_STATUS: dict[ErrorCode, int] = {
@@ -51,6 +53,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.BATCH_KEY_CONFLICT: 409,
     ErrorCode.REQUEST_KEY_CONFLICT: 409,
     ErrorCode.LIMIT_REACHED: 409,
+    ErrorCode.BAD_ACK: 400,
 }
 
 
@@ -144,3 +147,10 @@ class RequestKeyConflict(Conflict):
 class LimitReached(Conflict):
     code = ErrorCode.LIMIT_REACHED
     default_message = "limit reached"
+
+
+class BadAck(BadRequest):
+    """The steer poll's acknowledgement, refused whole: nothing was marked."""
+
+    code = ErrorCode.BAD_ACK
+    default_message = "acknowledgement refused: ids must be well-formed, of this run, and few enough"

@@ -14,4 +14,5 @@ urlpatterns = [
     path("<str:run_id>/transcript", views.transcript, name="transcript"),
     path("<str:run_id>/push-token", views.push_token, name="push-token"),
     path("<str:run_id>/result", views.result, name="result"),
+    path("<str:run_id>/steer", views.steer, name="steer"),
 ]
