@@ -60,12 +60,7 @@ async def poll(method: str, run_id: str, authorization: str, query: dict[str, li
             messages, legacy = await _in_executor(_first)(run_id, authorization, query)
             if messages:
                 return 200, {"messages": messages, "next_poll_s": 0}
-            if (
-                legacy
-                or event is None
-                or not steer_hub.available
-                or steer_hub.parked > settings.RUNS_STEER_MAX_PARKED
-            ):
+            if legacy or event is None or not steer_hub.available or steer_hub.parked > settings.RUNS_STEER_MAX_PARKED:
                 return 200, {"messages": messages, **short}
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), settings.RUNS_STEER_LONG_POLL_S)
@@ -85,8 +80,11 @@ async def handle(scope: dict, receive, send, run_id: str) -> None:
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-            + extra,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *extra,
+            ],
         }
     )
     await send({"type": "http.response.body", "body": payload})

@@ -6,28 +6,46 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0001_initial'),
+        ("runs", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='SteerMessage',
+            name="SteerMessage",
             fields=[
-                ('id', models.CharField(default=controlplane.runs.models.new_steer_id, editable=False, max_length=35, primary_key=True, serialize=False)),
-                ('kind', models.CharField(choices=[('steer', 'Steer'), ('interrupt', 'Interrupt')], max_length=16)),
-                ('body', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('delivered_at', models.DateTimeField(blank=True, null=True)),
-                ('attempts', models.IntegerField(default=0)),
-                ('ended', models.CharField(blank=True, choices=[('', '-'), ('undeliverable', 'Undeliverable')], default='', max_length=16)),
-                ('ended_at', models.DateTimeField(blank=True, null=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='steer_messages', to='runs.run')),
+                (
+                    "id",
+                    models.CharField(
+                        default=controlplane.runs.models.new_steer_id,
+                        editable=False,
+                        max_length=35,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("kind", models.CharField(choices=[("steer", "Steer"), ("interrupt", "Interrupt")], max_length=16)),
+                ("body", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("delivered_at", models.DateTimeField(blank=True, null=True)),
+                ("attempts", models.IntegerField(default=0)),
+                (
+                    "ended",
+                    models.CharField(
+                        blank=True, choices=[("", "-"), ("undeliverable", "Undeliverable")], default="", max_length=16
+                    ),
+                ),
+                ("ended_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="steer_messages", to="runs.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['created_at', 'id'],
-                'indexes': [models.Index(fields=['run', 'delivered_at', 'ended'], name='runs_steer_pending')],
+                "ordering": ["created_at", "id"],
+                "indexes": [models.Index(fields=["run", "delivered_at", "ended"], name="runs_steer_pending")],
             },
         ),
     ]
