@@ -12,7 +12,7 @@ import urllib.parse
 import uuid
 from typing import Any
 
-from runner.steer import CONTROL_MESSAGE_MAX_ATTEMPTS, JobActor, SteerLoop
+from runner.steer import JobActor, SteerLoop
 from runner.transport import ControlPlaneClient
 from tests.runner.servers import FakeClock, Recorded, Reply, scripted_server
 
@@ -128,7 +128,9 @@ def test_a_steer_that_keeps_failing_is_dropped_after_3_attempts_and_the_interrup
             )
             loop.iterate()  # the steer fails once
             plane.pending.append({"id": interrupt_id, "kind": "interrupt", "body": ""})
-            for _ in range(CONTROL_MESSAGE_MAX_ATTEMPTS + 2):
+            loop.iterate()  # the steer fails again; the interrupt behind it lands at once
+            assert loop.applied == [("interrupt", interrupt_id)] and loop.to_drop == []
+            for _ in range(3):  # the requirement's number, not the constant: a third failure, then the report
                 loop.iterate()
         out, _ = child.communicate(timeout=30)
     finally:
@@ -138,7 +140,7 @@ def test_a_steer_that_keeps_failing_is_dropped_after_3_attempts_and_the_interrup
     assert plane.acked == [interrupt_id]
     assert plane.undeliverable == [steer_id]
     assert [t for t, _ in events] == ["steer_undeliverable"]
-    assert events[0][1]["id"] == steer_id and events[0][1]["attempts"] == CONTROL_MESSAGE_MAX_ATTEMPTS
+    assert events[0][1]["id"] == steer_id and events[0][1]["attempts"] == 3
     assert events[0][1]["error"] == "BrokenPipeError"
     assert plane.pending == []
 

@@ -118,3 +118,10 @@ def test_the_commands_send_and_a_terminal_run_is_refused_clearly(running):
     assert SteerMessage.objects.filter(run_id=running.run_id).count() == 2
     # The runner's next poll is told the run is over.
     assert poll(running, ack="").status_code == 409
+
+
+def test_a_malformed_id_is_refused_before_the_database_is_asked(running, django_assert_num_queries):
+    steering.send(running.run_id, "steer", "one")
+    with django_assert_num_queries(1):  # the run's row, for authentication; nothing else
+        answer = poll(running, ack="sm_" + "z" * 32)
+    assert answer.json()["error"]["code"] == "bad_ack"
