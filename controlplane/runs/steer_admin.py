@@ -38,6 +38,8 @@ class SteerMessageInline(admin.TabularInline):
 
     @staticmethod
     def send_new(request: HttpRequest, formset, model_admin: admin.ModelAdmin) -> None:  # type: ignore[no-untyped-def]
+        # The admin saves nothing itself (its change message reads these).
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
         for form in formset.extra_forms:
             if not form.has_changed():
                 continue
