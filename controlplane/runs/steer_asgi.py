@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import types
+import uuid
 from urllib.parse import parse_qs
 
 from asgiref.sync import sync_to_async
@@ -55,6 +56,9 @@ async def poll(method: str, run_id: str, authorization: str, query: dict[str, li
         if method != "GET":
             raise MethodNotAllowed(["GET"])
         steer_hub = hub()
+        # Keyed as NOTIFY spells it (the canonical UUID); a malformed id fails auth anyway.
+        with contextlib.suppress(ValueError):
+            run_id = str(uuid.UUID(run_id))
         waiter = steer_hub.waiter(run_id) if steer_hub is not None else contextlib.nullcontext(None)
         with waiter as event:
             messages, legacy = await _in_executor(_first)(run_id, authorization, query)
