@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import types
 import uuid
 from urllib.parse import parse_qs
@@ -66,8 +67,15 @@ async def poll(method: str, run_id: str, authorization: str, query: dict[str, li
                 return 200, {"messages": messages, "next_poll_s": 0}
             if legacy or event is None or not steer_hub.available or steer_hub.parked > settings.RUNS_STEER_MAX_PARKED:
                 return 200, {"messages": messages, **short}
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), settings.RUNS_STEER_LONG_POLL_S)
+            # Between half and all of the bound, at random: polls that parked together (after
+            # a restart) must not all come back together and queue on the database at once.
+            wait_s = settings.RUNS_STEER_LONG_POLL_S * random.uniform(0.5, 1.0)
+            try:
+                await asyncio.wait_for(event.wait(), wait_s)
+            except TimeoutError:
+                # Not woken: nothing committed for this run while it was parked (a lost
+                # listener wakes every poll), so there is nothing to read.
+                return 200, {"messages": [], "next_poll_s": 0}
             messages = await _in_executor(steering.pending_for)(run_id)
             return 200, {"messages": messages, "next_poll_s": 0}
     except RunsError as exc:
