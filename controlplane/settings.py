@@ -524,6 +524,26 @@ NOTIFY_REPUBLISH_AFTER_S = env_float("HOLDFAST_NOTIFY_REPUBLISH_AFTER_S", 3600.0
 # Callback URLs must be http or https; this bounds their length on the row.
 NOTIFY_MAX_URL_CHARS = 2000
 
+# --- Steering (runs/steering.py, runs/steer_asgi.py, docs/runner-api.md "steer") ------
+
+# Bytes of one steering message's body: a prompt or an instruction, not a file.
+RUNS_STEER_MAX_BODY_BYTES = env_int("HOLDFAST_RUNS_STEER_MAX_BODY_BYTES", 16 * 1024, minimum=256)
+# Ids one poll may acknowledge (the seed's STEER_ACK_MAX): the runner acks at most what
+# one batch served it; a bound keeps one request from marking a run's whole backlog.
+RUNS_STEER_ACK_MAX = 32
+# Messages one poll serves, oldest first. Below the ack bound, so every message a batch
+# served can be acknowledged on the next poll.
+RUNS_STEER_BATCH_MAX = 16
+# Seconds a long poll stays parked waiting for a message (PostgreSQL only). Well under
+# the runner's 60 s read timeout and a balancer's usual 60 s idle timeout.
+RUNS_STEER_LONG_POLL_S = env_float("HOLDFAST_RUNS_STEER_LONG_POLL_S", 20.0, minimum=1.0)
+# Seconds the runner pauses between two empty polls where no long poll is possible (the
+# embedded SQLite default has no notifications): an interrupt lands within about this.
+RUNS_STEER_SHORT_POLL_S = env_float("HOLDFAST_RUNS_STEER_SHORT_POLL_S", 1.0, minimum=0.1)
+# Parked polls one web process holds; beyond it a poll is answered at once as a short
+# poll, so a flood cannot exhaust the process's sockets or memory (docs/operations.md).
+RUNS_STEER_MAX_PARKED = env_int("HOLDFAST_RUNS_STEER_MAX_PARKED", 5000, minimum=1)
+
 # --- Operations (the host registry, the drain page, drain_host) -----------------------
 
 # Seconds between two snapshots a worker process publishes to the cache (its pool's

@@ -22,6 +22,7 @@ secret) and exits 1 without a traceback; reconcile then finds the run.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -36,6 +37,7 @@ from typing import Any
 
 from runner.events import EventStream, pump_lines
 from runner.redact import Redactor, diagnostic_line
+from runner.steer import Steering
 from runner.transport import ControlPlaneClient, RunTerminal, TransportError
 
 # Timeouts
@@ -62,13 +64,22 @@ class Outcome:
 def _child_env(job: dict[str, Any], home: str) -> dict[str, str]:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
     env["HOLDFAST_INPUTS"] = json.dumps(job.get("inputs") or {})
+    # Steering messages arrive as JSON lines on stdin (runner/steer.py).
+    env["HOLDFAST_STEER"] = "stdin"
     for name, value in (job.get("secrets") or {}).items():
         env[str(name)] = str(value)
     return env
 
 
-def run_job(job: dict[str, Any], stream: EventStream, *, kill_grace_s: float = DEFAULT_KILL_GRACE_S) -> Outcome:
-    """Run the job in its own process group, pumping stdout and stderr lines into ``stream``."""
+def run_job(
+    job: dict[str, Any],
+    stream: EventStream,
+    *,
+    kill_grace_s: float = DEFAULT_KILL_GRACE_S,
+    steering: Steering | None = None,
+) -> Outcome:
+    """Run the job in its own process group, pumping stdout and stderr lines into ``stream``;
+    ``steering`` acts on the child (SIGINT, stdin lines) while it runs."""
     with tempfile.TemporaryDirectory(prefix="holdfast-job-") as home:
         if job.get("kind") == "python":
             path = os.path.join(home, "job.py")
@@ -79,7 +90,7 @@ def run_job(job: dict[str, Any], stream: EventStream, *, kill_grace_s: float = D
             argv = ["/bin/sh", "-c", str(job.get("command", ""))]
         child = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=_child_env(job, home),
@@ -120,8 +131,15 @@ def run_job(job: dict[str, Any], stream: EventStream, *, kill_grace_s: float = D
         ]
         for reader in readers:
             reader.start()
+        assert child.stdin is not None
+        if steering is not None:
+            steering.attach(child.pid, child.stdin.fileno())
         code = child.wait()
         timer.cancel()
+        if steering is not None:
+            steering.stop()
+        with contextlib.suppress(OSError):
+            child.stdin.close()
         for reader in readers:
             reader.join()
         assert child.stdout is not None and child.stderr is not None
@@ -205,7 +223,11 @@ def live(base_url: str, run_id: str, run_key: str, *, unix_socket: str | None = 
         raise Undeliverable.from_transport(exc) from None
     redactor = Redactor((job.get("secrets") or {}).values(), keys=[run_key, session["session_token"]])
     stream = EventStream(client, redactor=redactor)
-    outcome = run_job(job, stream)
+    steering = Steering(
+        lambda on_retry: _steer_client(base_url, run_id, session["session_token"], unix_socket, on_retry),
+        stream.emit,
+    )
+    outcome = run_job(job, stream, steering=steering)
     failure = stream.close()
     if failure is not None and outcome.status == "succeeded":
         outcome = Outcome("failed", outcome.exit_code, "events could not be delivered to the control plane")
@@ -214,6 +236,14 @@ def live(base_url: str, run_id: str, run_key: str, *, unix_socket: str | None = 
     except TransportError as exc:
         raise Undeliverable.from_transport(exc, outcome.status) from None
     return outcome
+
+
+def _steer_client(base_url: str, run_id: str, token: str, unix_socket: str | None, on_retry) -> ControlPlaneClient:  # type: ignore[no-untyped-def]
+    def both(endpoint: str, attempt: int, reason: str) -> None:
+        on_retry(endpoint, attempt, reason)
+        _log_retry(endpoint, attempt, reason)
+
+    return ControlPlaneClient(base_url, run_id, token, on_retry=both, unix_socket=unix_socket)
 
 
 def _make_non_dumpable() -> None:

@@ -73,8 +73,10 @@ ENDPOINT_POLICIES: Mapping[str, EndpointPolicy] = MappingProxyType(
             replay_safe=True,
             budget_s=DEFAULT_OUTAGE_BUDGET_S,
             why=(
-                "A read: fetching marks nothing; delivery is recorded from the ids the next poll "
-                "acknowledges, so a lost answer is served again."
+                "Fetching marks nothing: the server marks delivered only the ids a poll "
+                "acknowledges, and marking an id already marked is a no-op, so a replayed poll "
+                "(the same ack) changes nothing more, and a lost answer is served again; the "
+                "runner's handled set keeps a re-served message from being applied twice."
             ),
         ),
     }

@@ -11,8 +11,9 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from . import actions
-from .models import Receipt, Run, RunEvent, RunNotification
+from .models import Receipt, Run, RunEvent, RunNotification, SteerMessage
 from .receipts import verify_receipt
+from .steer_admin import SteerMessageAdmin, SteerMessageInline
 
 RUN_FIELDS = (
     "id",
@@ -52,6 +53,7 @@ class RunAdmin(ReadOnlyAdmin):
     fields = RUN_FIELDS
     readonly_fields = RUN_FIELDS
     actions = ("cancel_selected",)
+    inlines = (SteerMessageInline,)
 
     @admin.action(description="Cancel selected runs")
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
@@ -61,6 +63,14 @@ class RunAdmin(ReadOnlyAdmin):
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         # The change list needs it for the cancel action; every field stays read-only.
         return super(ReadOnlyAdmin, self).has_change_permission(request, obj)
+
+    def save_formset(self, request, form, formset, change):  # type: ignore[no-untyped-def]
+        if formset.model is SteerMessage:
+            return SteerMessageInline.send_new(request, formset, self)
+        return super().save_formset(request, form, formset, change)
+
+
+admin.site.register(SteerMessage, SteerMessageAdmin)
 
 
 @admin.register(RunEvent)

@@ -7,6 +7,7 @@
     ├── RunNotFound                not_found       404  no such run (or a forged id)
     ├── MethodNotAllowed           method_not_allowed 405
     ├── BadRequest                 bad_request     400  malformed JSON or fields
+    │   └── BadAck                 bad_ack         400  an ack refused whole (steer)
     ├── TooLarge                   too_large       413  body or batch over its bound
     ├── RateLimited                rate_limited    429  too many requests (carries Retry-After)
     └── Conflict                                   409
@@ -35,6 +36,7 @@ class ErrorCode(StrEnum):
     BATCH_KEY_CONFLICT = "batch_key_conflict"
     EVENTS_TRUNCATED = "events_truncated"
     RATE_LIMITED = "rate_limited"
+    BAD_ACK = "bad_ack"
 
 
 HTTP_STATUS: dict[ErrorCode, int] = {
@@ -48,6 +50,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.BATCH_KEY_CONFLICT: 409,
     ErrorCode.EVENTS_TRUNCATED: 409,
     ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.BAD_ACK: 400,
 }
 
 
@@ -147,3 +150,10 @@ class RateLimited(RunsError):
     def __init__(self, retry_after_s: int) -> None:
         self.retry_after_s = retry_after_s
         super().__init__()
+
+
+class BadAck(BadRequest):
+    """The steer poll's acknowledgement, refused whole: nothing was marked."""
+
+    code = ErrorCode.BAD_ACK
+    default_message = "acknowledgement refused: ids must be well-formed, of this run, and few enough"

@@ -180,3 +180,41 @@ class Receipt(models.Model):
 
     def __str__(self) -> str:
         return f"receipt {self.sha256[:12]} for {self.run_id}"
+
+
+def new_steer_id() -> str:
+    """``sm_`` and 32 hex digits: the only shape the steer route accepts in an ack."""
+    return "sm_" + uuid.uuid4().hex
+
+
+class SteerMessage(models.Model):
+    """A steering message or an interrupt for a live run (runs/steering.py).
+
+    Pending until the runner acknowledges its id (``delivered_at``) or reports it
+    undeliverable (``ended``); ``attempts`` counts the polls that served it.
+    """
+
+    class Kind(models.TextChoices):
+        STEER = "steer"
+        INTERRUPT = "interrupt"
+
+    class Ended(models.TextChoices):
+        NONE = "", "-"
+        UNDELIVERABLE = "undeliverable"
+
+    id = models.CharField(primary_key=True, max_length=35, default=new_steer_id, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steer_messages")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    body = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.IntegerField(default=0)
+    ended = models.CharField(max_length=16, choices=Ended.choices, blank=True, default="")
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["run", "delivered_at", "ended"], name="runs_steer_pending")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} for {self.run_id}"

@@ -11,4 +11,5 @@ urlpatterns = [
     path("<str:run_id>/bundle", views.bundle, name="bundle"),
     path("<str:run_id>/events", views.events, name="events"),
     path("<str:run_id>/result", views.result, name="result"),
+    path("<str:run_id>/steer", views.steer, name="steer"),
 ]

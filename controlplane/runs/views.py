@@ -22,7 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from controlplane import ratelimit
 
-from . import actions, credentials, payloads
+from . import actions, credentials, payloads, steering
 from .errors import MethodNotAllowed, RateLimited, RunNotFound, RunsError, RunTerminal, Unauthorized
 from .models import Run
 
@@ -131,3 +131,12 @@ def result(request: HttpRequest, run: Run) -> HttpResponse:
     verdict = payloads.parse_result(request)
     receipt = actions.record_result(run.id, **verdict)
     return JsonResponse({"status": verdict["status"], "receipt_sha256": receipt.sha256})
+
+
+@runner_endpoint(("GET",))
+def steer(request: HttpRequest, run: Run) -> HttpResponse:
+    # The short poll (WSGI, runserver, the embedded default). Under ASGI the same route is
+    # a long poll served by steer_asgi.py; both apply the ack the same way.
+    poll = steering.parse_poll(dict(request.GET.lists()))
+    messages = steering.serve(run, poll)
+    return JsonResponse({"messages": messages, "next_poll_s": 0 if messages else settings.RUNS_STEER_SHORT_POLL_S})

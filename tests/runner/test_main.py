@@ -116,7 +116,9 @@ def test_python_m_runner_reads_its_inputs_from_the_environment_and_keeps_them_fr
     assert done.returncode == 0, done.stderr
     lines = [e["data"]["line"] for e in plane.events]
     assert any(line.startswith("PATH=") for line in lines), lines
-    assert not [line for line in lines if line.startswith("HOLDFAST_") and not line.startswith("HOLDFAST_INPUTS=")]
+    allowed = ("HOLDFAST_INPUTS=", "HOLDFAST_STEER=stdin")
+    assert not [line for line in lines if line.startswith("HOLDFAST_") and not line.startswith(allowed)]
+    assert "HOLDFAST_STEER=stdin" in lines
     assert RUN_KEY not in json.dumps(plane.events) and RUN_KEY not in done.stderr
     assert plane.results[0]["status"] == "succeeded"
 

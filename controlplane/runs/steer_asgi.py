@@ -1,0 +1,102 @@
+"""The steer route under ASGI: a long poll that parks on an ``asyncio.Event``.
+
+Served straight from the ASGI router (controlplane/asgi.py) rather than through
+Django's request handler, which would give every in-flight request a thread of its own
+for its sync signal receivers; a parked poll here holds a socket and an event, nothing
+else. Its database work (authenticate, apply the ack, read pending rows) runs in the
+event loop's shared executor and gives its connection back to Django's usual
+``close_old_connections`` rules before the poll parks.
+
+The same checks and the same ``steering.serve`` back the WSGI view (views.steer), which
+answers at once: that is the short poll of the embedded default and of ``runserver``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import types
+import uuid
+from urllib.parse import parse_qs
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from . import credentials, steering
+from .errors import MethodNotAllowed, RunsError
+from .steer_hub import hub
+from .views import authenticate
+
+
+def _in_executor(fn):
+    def run(*args):
+        close_old_connections()
+        try:
+            return fn(*args)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(run, thread_sensitive=False)
+
+
+def _first(run_id: str, authorization: str, query: dict[str, list[str]]) -> tuple[list[dict], bool]:
+    request = types.SimpleNamespace(headers={"Authorization": authorization})
+    run = authenticate(request, run_id, credentials.SESSION)  # type: ignore[arg-type]
+    poll = steering.parse_poll(query)
+    return steering.serve(run, poll), poll.legacy
+
+
+async def poll(method: str, run_id: str, authorization: str, query: dict[str, list[str]]) -> tuple[int, dict]:
+    """One poll: (HTTP status, JSON body). Parks up to ``RUNS_STEER_LONG_POLL_S`` when
+    nothing is pending and this process's listener is up."""
+    short = {"next_poll_s": settings.RUNS_STEER_SHORT_POLL_S}
+    try:
+        if method != "GET":
+            raise MethodNotAllowed(["GET"])
+        steer_hub = hub()
+        # Keyed as NOTIFY spells it (the canonical UUID); a malformed id fails auth anyway.
+        with contextlib.suppress(ValueError):
+            run_id = str(uuid.UUID(run_id))
+        waiter = steer_hub.waiter(run_id) if steer_hub is not None else contextlib.nullcontext(None)
+        with waiter as event:
+            messages, legacy = await _in_executor(_first)(run_id, authorization, query)
+            if messages:
+                return 200, {"messages": messages, "next_poll_s": 0}
+            if legacy or event is None or not steer_hub.available or steer_hub.parked > settings.RUNS_STEER_MAX_PARKED:
+                return 200, {"messages": messages, **short}
+            # Between half and all of the bound, at random: polls that parked together (after
+            # a restart) must not all come back together and queue on the database at once.
+            wait_s = settings.RUNS_STEER_LONG_POLL_S * random.uniform(0.5, 1.0)
+            try:
+                await asyncio.wait_for(event.wait(), wait_s)
+            except TimeoutError:
+                # Not woken: nothing committed for this run while it was parked (a lost
+                # listener wakes every poll), so there is nothing to read.
+                return 200, {"messages": [], "next_poll_s": 0}
+            messages = await _in_executor(steering.pending_for)(run_id)
+            return 200, {"messages": messages, "next_poll_s": 0}
+    except RunsError as exc:
+        return exc.http_status, exc.body()
+
+
+async def handle(scope: dict, receive, send, run_id: str) -> None:
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    status, body = await poll(scope["method"], run_id, headers.get("authorization", ""), query)
+    payload = json.dumps(body).encode()
+    extra = [(b"allow", b"GET")] if status == 405 else []
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *extra,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
