@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from . import credentials, steering
-from .errors import MethodNotAllowed, RunsError
+from .errors import MethodNotAllowed, RateLimited, RunsError
 from .steer_hub import hub
 from .views import authenticate
 
@@ -42,14 +42,18 @@ def _in_executor(fn):
     return sync_to_async(run, thread_sensitive=False)
 
 
-def _first(run_id: str, authorization: str, query: dict[str, list[str]]) -> tuple[list[dict], bool]:
-    request = types.SimpleNamespace(headers={"Authorization": authorization})
+def _first(run_id: str, authorization: str, query: dict[str, list[str]], client: str = "") -> tuple[list[dict], bool]:
+    # What ``authenticate`` reads of a request: the bearer, and the peer address its
+    # rate limit counts per client (the same limits as every other runner route).
+    request = types.SimpleNamespace(headers={"Authorization": authorization}, META={"REMOTE_ADDR": client})
     run = authenticate(request, run_id, credentials.SESSION)  # type: ignore[arg-type]
     poll = steering.parse_poll(query)
     return steering.serve(run, poll), poll.legacy
 
 
-async def poll(method: str, run_id: str, authorization: str, query: dict[str, list[str]]) -> tuple[int, dict]:
+async def poll(
+    method: str, run_id: str, authorization: str, query: dict[str, list[str]], client: str = ""
+) -> tuple[int, dict]:
     """One poll: (HTTP status, JSON body). Parks up to ``RUNS_STEER_LONG_POLL_S`` when
     nothing is pending and this process's listener is up."""
     short = {"next_poll_s": settings.RUNS_STEER_SHORT_POLL_S}
@@ -62,7 +66,7 @@ async def poll(method: str, run_id: str, authorization: str, query: dict[str, li
             run_id = str(uuid.UUID(run_id))
         waiter = steer_hub.waiter(run_id) if steer_hub is not None else contextlib.nullcontext(None)
         with waiter as event:
-            messages, legacy = await _in_executor(_first)(run_id, authorization, query)
+            messages, legacy = await _in_executor(_first)(run_id, authorization, query, client)
             if messages:
                 return 200, {"messages": messages, "next_poll_s": 0}
             if legacy or event is None or not steer_hub.available or steer_hub.parked > settings.RUNS_STEER_MAX_PARKED:
@@ -78,6 +82,8 @@ async def poll(method: str, run_id: str, authorization: str, query: dict[str, li
                 return 200, {"messages": [], "next_poll_s": 0}
             messages = await _in_executor(steering.pending_for)(run_id)
             return 200, {"messages": messages, "next_poll_s": 0}
+    except RateLimited as exc:
+        return exc.http_status, {**exc.body(), "retry_after_s": exc.retry_after_s}
     except RunsError as exc:
         return exc.http_status, exc.body()
 
@@ -85,9 +91,13 @@ async def poll(method: str, run_id: str, authorization: str, query: dict[str, li
 async def handle(scope: dict, receive, send, run_id: str) -> None:
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-    status, body = await poll(scope["method"], run_id, headers.get("authorization", ""), query)
+    client = (scope.get("client") or ("",))[0] or ""
+    status, body = await poll(scope["method"], run_id, headers.get("authorization", ""), query, client)
+    retry_after = body.pop("retry_after_s", None) if status == 429 else None
     payload = json.dumps(body).encode()
     extra = [(b"allow", b"GET")] if status == 405 else []
+    if retry_after is not None:
+        extra.append((b"retry-after", str(retry_after).encode()))
     await send(
         {
             "type": "http.response.start",

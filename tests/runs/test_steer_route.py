@@ -125,3 +125,38 @@ def test_a_malformed_id_is_refused_before_the_database_is_asked(running, django_
     with django_assert_num_queries(1):  # the run's row, for authentication; nothing else
         answer = poll(running, ack="sm_" + "z" * 32)
     assert answer.json()["error"]["code"] == "bad_ack"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_asgi_long_poll_authenticates_and_is_rate_limited_like_every_runner_route(running, settings, monkeypatch):
+    """The long poll is served outside Django's request cycle; it still goes through the
+    same authentication and per-address rate limit, and a 429 says when to retry."""
+    import asyncio
+    import contextlib
+
+    from django.db import connection
+
+    from controlplane.runs import steer_asgi, steer_hub
+
+    settings.RUNS_API_RATE_PER_ADDRESS = 2
+    # The poll's database work runs on executor threads; their connections must close
+    # after each call here, or the test database cannot be dropped at the end.
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
+    bearer = f"Bearer {running.token}"
+    message = steering.send(running.run_id, "steer", "hello")
+
+    async def scenario() -> list[tuple[int, dict]]:
+        answers = [await steer_asgi.poll("GET", running.run_id, bearer, {"ack": [""]}, "10.9.9.9") for _ in range(3)]
+        answers.append(await steer_asgi.poll("GET", running.run_id, "Bearer wrong", {"ack": [""]}, "10.9.9.8"))
+        # This loop's listener holds a connection to the test database: close it.
+        listening = steer_hub.hub()
+        if listening is not None and listening._task is not None:
+            listening._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listening._task
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert [status for status, _ in answers] == [200, 200, 429, 401]
+    assert answers[2][1]["error"]["code"] == "rate_limited" and answers[2][1]["retry_after_s"] >= 1
+    assert SteerMessage.objects.get(pk=message.pk).delivered_at is None
