@@ -418,6 +418,10 @@ EXECUTION_RESULT_STORE_PATIENCE_S = env_float("HOLDFAST_EXECUTION_RESULT_STORE_P
 # ``manage.py execute`` gives up on an execution no worker claimed within this many
 # seconds (it cancels the row, so it cannot run later with nobody listening) and says
 # that no worker is running: one clear line instead of a silent minute-long wait.
+# On PostgreSQL, a stored result is announced with NOTIFY and execute() waits for that
+# instead of polling the row (controlplane/executions/notify.py). Off only to compare, or
+# where a pooler (PgBouncer in transaction mode) cannot carry LISTEN.
+EXECUTION_RESULT_NOTIFY = env_bool("HOLDFAST_EXECUTION_RESULT_NOTIFY", True)
 EXECUTION_PICKUP_WAIT_S = env_float("HOLDFAST_EXECUTION_PICKUP_WAIT_S", 30.0, minimum=1.0)
 
 # --- Runs ----------------------------------------------------------------------------

@@ -24,6 +24,16 @@ def _purge_test_queue() -> None:
         redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _results_listener_closed(django_db_setup):
+    """execute()'s LISTEN connection must be gone before the test database is dropped
+    (set up after the database, so torn down before it)."""
+    yield
+    from controlplane.executions import notify
+
+    notify.shutdown()
+
+
 @pytest.fixture
 def shared_dir():
     """A directory a sandboxed child (which may run under another uid) can write to,

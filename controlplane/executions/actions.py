@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
+from controlplane.executions import notify
 from controlplane.executions.models import Execution, Status
 from controlplane.sandbox.outcome import CANCELLED, WORKER_LOST, Outcome
 
@@ -60,6 +61,8 @@ def finish(execution_id: str, outcome: Outcome) -> bool:
         attempts=F("attempts") + outcome.attempts,
         finished_at=timezone.now(),
     )
+    if updated:
+        notify.publish(execution_id)  # committed: wake whoever waits for it
     return bool(updated)
 
 
@@ -70,6 +73,7 @@ def request_cancel(execution_id: str) -> str:
     if Execution.objects.filter(pk=execution_id, status=Status.QUEUED).update(
         status=Status.CANCELLED, error=CANCELLED, cancel_requested_at=now, finished_at=now
     ):
+        notify.publish(execution_id)
         return Status.CANCELLED
     Execution.objects.filter(pk=execution_id, status=Status.RUNNING, cancel_requested_at__isnull=True).update(
         cancel_requested_at=now
@@ -81,11 +85,12 @@ def abandon_unclaimed(execution_id: str, error: str) -> bool:
     """queued -> cancelled with ``error``, for a caller that stops waiting on a row no
     worker claimed. Loses to the claim: once a worker took it, this changes nothing."""
     now = timezone.now()
-    return bool(
-        Execution.objects.filter(pk=execution_id, status=Status.QUEUED).update(
-            status=Status.CANCELLED, error=error, cancel_requested_at=now, finished_at=now
-        )
+    abandoned = Execution.objects.filter(pk=execution_id, status=Status.QUEUED).update(
+        status=Status.CANCELLED, error=error, cancel_requested_at=now, finished_at=now
     )
+    if abandoned:
+        notify.publish(execution_id)
+    return bool(abandoned)
 
 
 def cancel_requested(execution_id: str) -> bool:
@@ -114,11 +119,14 @@ def sweep(now=None) -> dict[str, int]:
     grace = timedelta(seconds=settings.EXECUTION_STALE_GRACE_S + settings.SANDBOX_RESULT_GRACE_S)
     for row in Execution.objects.filter(status=Status.RUNNING).only("pk", "started_at", "timeout_ms")[:500]:
         if row.started_at and row.started_at + timedelta(milliseconds=row.timeout_ms) + grace < now:
-            interrupted += Execution.objects.filter(pk=row.pk, status=Status.RUNNING, started_at=row.started_at).update(
+            swept = Execution.objects.filter(pk=row.pk, status=Status.RUNNING, started_at=row.started_at).update(
                 status=Status.INTERRUPTED,
                 error=WORKER_LOST,
                 finished_at=now,
             )
+            if swept:
+                notify.publish(str(row.pk))
+            interrupted += swept
     if requeued or interrupted:
         log.info("event=executions_swept requeued=%d interrupted=%d", requeued, interrupted)
     return {"requeued": requeued, "interrupted": interrupted}

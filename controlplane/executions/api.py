@@ -2,11 +2,14 @@
 
 Both go the full path: a row, a Celery task, a worker's pool, a host. ``execute`` waits
 on the row, so it works from any process that reaches the database, with or without a
-pool of its own.
+pool of its own. On PostgreSQL it is woken by the result's notification
+(``notify.py``) and reads the row then, with a slow poll as the safety net; on SQLite it
+polls the row.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -16,9 +19,14 @@ from controlplane.sandbox.outcome import CANCELLED, NO_WORKER
 
 # The caller's wait beyond the execution's own timeout: queueing, connecting, moves.
 WAIT_MARGIN_S = 60.0
-# Row polling: quick at first for short snippets, then backing off to spare the database.
+# Row polling without notifications (SQLite): quick at first for short snippets, then
+# backing off to spare the database.
 POLL_FIRST_S = 0.02
 POLL_MAX_S = 0.5
+# With notifications, the row is still read this often: the safety net for a lost one.
+SAFETY_POLL_S = 1.0
+# How long execute() waits for the process's listener to be up before it polls instead.
+LISTENER_READY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,17 @@ class ExecutionResult:
 
 
 Cancel = Callable[[], bool] | object | None
+
+
+class _Stats(threading.local):
+    """What the last execute() in this thread did: row reads, and whether the result's
+    notification woke it (for tests and the bench; nothing decides on it)."""
+
+    reads = 0
+    last_woken_by_notification = False
+
+
+stats = _Stats()
 
 
 def _is_cancelled(cancel: Cancel) -> bool:
@@ -82,18 +101,37 @@ def execute(
     cancelled and reported as such (no worker is running)."""
     if _is_cancelled(cancel):
         return ExecutionResult(id=None, status="cancelled", error=CANCELLED)
+    from controlplane.executions import notify
+
+    execution_id = submit(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
+    results = notify.listener()
+    woken = None
+    if results is not None and results.ready(LISTENER_READY_S):
+        # Registered before the first read: a result stored from here on wakes us, and
+        # one stored before is in the row we are about to read.
+        woken = results.register(str(execution_id))
+    try:
+        return _wait(execution_id, woken, cancel=cancel, wait_s=wait_s, pickup_wait_s=pickup_wait_s)
+    finally:
+        if woken is not None:
+            results.unregister(str(execution_id), woken)
+
+
+def _wait(execution_id, woken, *, cancel: Cancel, wait_s: float | None, pickup_wait_s: float | None):
     from controlplane.executions import actions
     from controlplane.executions.models import TERMINAL, Execution
 
-    execution_id = submit(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
     row = Execution.objects.only("timeout_ms").get(pk=execution_id)
     started = time.monotonic()
     deadline = started + (wait_s if wait_s is not None else row.timeout_ms / 1000 + WAIT_MARGIN_S)
     delay = POLL_FIRST_S
     cancel_sent = False
+    stats.reads = 0
     while True:
         row = Execution.objects.get(pk=execution_id)
+        stats.reads += 1
         if row.status in TERMINAL:
+            stats.last_woken_by_notification = woken is not None and woken.is_set()
             return _result(row)
         if pickup_wait_s is not None and row.status == "queued" and time.monotonic() - started > pickup_wait_s:
             from django.conf import settings
@@ -108,6 +146,10 @@ def execute(
             deadline = time.monotonic() + WAIT_MARGIN_S
         elif cancel_sent and time.monotonic() > deadline:
             return _result(row)
+        if woken is not None:
+            # Woken by the result's notification, or by the safety net.
+            woken.wait(max(0.0, min(SAFETY_POLL_S, deadline - time.monotonic())) or POLL_FIRST_S)
+            continue
         time.sleep(delay)
         delay = min(delay * 1.5, POLL_MAX_S)
 

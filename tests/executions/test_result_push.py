@@ -1,0 +1,39 @@
+"""execute() is woken by its result's notification (PostgreSQL NOTIFY after the result
+commits), reads the row then, and still finds a result whose notification never came
+through its safety-net poll (issue 12, "results pushed, not polled")."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.executions import api, notify
+from tests.support.host import start_host
+from tests.support.worker import start_worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _env(host, token: str, **extra: str) -> dict[str, str]:
+    return {"HOLDFAST_SANDBOX_URL": host.url, "HOLDFAST_SANDBOX_TOKEN": token, **extra}
+
+
+def test_execute_returns_when_the_result_is_announced(sandbox_token):
+    with start_host(sandbox_token) as host, start_worker(_env(host, sandbox_token)):
+        api.execute("print('warm')", owner="push-test", timeout_s=10)  # the worker's pool connects
+        received = notify.listener().notifications
+        result = api.execute("print(6 * 7)", owner="push-test", timeout_s=10)
+    assert (result.status, result.stdout) == ("succeeded", "42\n")
+    assert api.stats.last_woken_by_notification
+    assert notify.listener().notifications > received
+    # One read before the result, one after the notification: no polling in between.
+    assert api.stats.reads <= 3
+
+
+def test_a_result_whose_notification_never_comes_is_found_by_the_safety_net(sandbox_token):
+    # The worker stores results without announcing them: the caller must still return.
+    with start_host(sandbox_token) as host:
+        env = _env(host, sandbox_token, HOLDFAST_EXECUTION_RESULT_NOTIFY="0")
+        with start_worker(env):
+            result = api.execute("print('quietly')", owner="push-test", timeout_s=10)
+    assert (result.status, result.stdout) == ("succeeded", "quietly\n")
+    assert not api.stats.last_woken_by_notification
