@@ -104,7 +104,6 @@ class Listener:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
-
     def stop(self) -> None:
         """Close the connection (a test database about to be dropped, a process ending)."""
         self._stop.set()
