@@ -58,6 +58,20 @@ class HostView:
     probe_silent_s: float | None = None
 
 
+def _unregistered(host_id: str) -> HostView:
+    """A host some worker or probe knows of and no row names yet."""
+    return HostView(
+        name=host_id,
+        state=State.ACTIVE,
+        drained_by="",
+        host_id=host_id,
+        address="",
+        registered=False,
+        last_seen_at=None,
+        drain_started_at=None,
+    )
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
@@ -98,16 +112,7 @@ def build(*, now: datetime | None = None) -> dict:
                 continue
             view = views.get(host_id)
             if view is None:  # seen by a worker, registered on its next publish
-                view = views[host_id] = HostView(
-                    name=host_id,
-                    state=State.ACTIVE,
-                    drained_by="",
-                    host_id=host_id,
-                    address="",
-                    registered=False,
-                    last_seen_at=None,
-                    drain_started_at=None,
-                )
+                view = views[host_id] = _unregistered(host_id)
             view.workers.append(
                 WorkerView(
                     worker=snap["worker"],
@@ -191,16 +196,7 @@ def _add_runs_and_probes(views: dict[str, HostView], now: datetime) -> None:
         if view is None:
             if not counts.get(host_id):
                 continue  # probed once, no runs left, not registered: nothing to show
-            view = views[host_id] = HostView(
-                name=host_id,
-                state=State.ACTIVE,
-                drained_by="",
-                host_id=host_id,
-                address="",
-                registered=False,
-                last_seen_at=None,
-                drain_started_at=None,
-            )
+            view = views[host_id] = _unregistered(host_id)
         view.live_runs = counts.get(host_id, 0)
         entry = probes.get(host_id) or {}
         if entry.get("last_answer_at"):

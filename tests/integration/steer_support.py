@@ -15,7 +15,18 @@ from pathlib import Path
 
 from tests.timing import scaled, wait_until
 
-from .support import CUT, FORWARD, ROOT, HttpProxy, WebProcess, _accepts, _reply, db_env_for_subprocess, free_port
+from .support import (
+    CUT,
+    FORWARD,
+    ROOT,
+    HttpProxy,
+    WebProcess,
+    _accepts,
+    _reply,
+    db_env_for_subprocess,
+    free_port,
+    read_request,
+)
 
 
 class AsgiWebProcess(WebProcess):
@@ -55,22 +66,10 @@ class CuttingProxy(HttpProxy):
         self.cuts: list[str] = []
 
     def _serve(self, sock: socket.socket) -> None:
-        sock.settimeout(scaled(60))
-        reader = sock.makefile("rb")
-        request_line = reader.readline().decode("latin-1").strip()
-        if not request_line:
+        request = read_request(sock, timeout=scaled(60))
+        if request is None:
             return
-        method, path, _ = request_line.split(" ", 2)
-        headers: list[tuple[str, str]] = []
-        while True:
-            line = reader.readline().decode("latin-1")
-            if line in ("\r\n", "\n", ""):
-                break
-            name, _, value = line.partition(":")
-            headers.append((name.strip(), value.strip()))
-        length = int(next((v for n, v in headers if n.lower() == "content-length"), "0") or 0)
-        body = reader.read(length) if length else b""
-        endpoint = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        method, path, headers, body, endpoint = request
         try:
             status, reason, response_headers, response_body = self._forward(method, path, headers, body)
         except OSError:

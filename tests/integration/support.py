@@ -161,22 +161,10 @@ class HttpProxy:
             )
 
     def _serve(self, sock: socket.socket) -> None:
-        sock.settimeout(scaled(30))
-        reader = sock.makefile("rb")
-        request_line = reader.readline().decode("latin-1").strip()
-        if not request_line:
+        request = read_request(sock, timeout=scaled(30))
+        if request is None:
             return
-        method, path, _ = request_line.split(" ", 2)
-        headers: list[tuple[str, str]] = []
-        while True:
-            line = reader.readline().decode("latin-1")
-            if line in ("\r\n", "\n", ""):
-                break
-            name, _, value = line.partition(":")
-            headers.append((name.strip(), value.strip()))
-        length = int(next((v for n, v in headers if n.lower() == "content-length"), "0") or 0)
-        body = reader.read(length) if length else b""
-        endpoint = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        method, path, headers, body, endpoint = request
         action = self.decide(method, endpoint)
         if action in ("502", "503"):
             self._record(method, endpoint, action)
@@ -267,3 +255,24 @@ def wait_seconds(seconds: float) -> None:
     """A scenario's fixed duration (an outage of N seconds): not a wait for a condition,
     so it is not scaled."""
     time.sleep(seconds)
+
+
+def read_request(sock: socket.socket, *, timeout: float) -> tuple[str, str, list[tuple[str, str]], bytes, str] | None:
+    """One HTTP/1.1 request from ``sock``: method, path, headers, body and the runner
+    API endpoint its path names; None if the client sent nothing."""
+    sock.settimeout(timeout)
+    reader = sock.makefile("rb")
+    request_line = reader.readline().decode("latin-1").strip()
+    if not request_line:
+        return None
+    method, path, _ = request_line.split(" ", 2)
+    headers: list[tuple[str, str]] = []
+    while True:
+        line = reader.readline().decode("latin-1")
+        if line in ("\r\n", "\n", ""):
+            break
+        name, _, value = line.partition(":")
+        headers.append((name.strip(), value.strip()))
+    length = int(next((v for n, v in headers if n.lower() == "content-length"), "0") or 0)
+    body = reader.read(length) if length else b""
+    return method, path, headers, body, path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
