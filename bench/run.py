@@ -203,7 +203,7 @@ def tree(pid: int) -> list[int]:
     return found
 
 
-def measure_host(token: str, label: str, args: tuple[str, ...], n: int, seconds: float) -> dict:
+def measure_host(token: str, label: str, args: tuple[str, ...], n: int, seconds: float, pause_s: float) -> dict:
     """One host: ``n`` executions one at a time, then 8 in flight for ``seconds``, and
     its PSS idle and at its peak."""
     host = local.start_host(token, host_id=f"bench-{uuid.uuid4().hex[:6]}", extra_args=args)
@@ -212,7 +212,7 @@ def measure_host(token: str, label: str, args: tuple[str, ...], n: int, seconds:
         client = host_speed.HostClient(url, token)
         time.sleep(1.0)  # let the reserve fill
         idle_pss = host_speed.pss_kib(tree(host.popen.pid))
-        samples = host_speed.latencies(client.execute, n, pause_s=0.1)
+        samples = host_speed.latencies(client.execute, n, pause_s=pause_s)
         client.close()
         peak = [0]
         stop = threading.Event()
@@ -241,7 +241,7 @@ def measure_host(token: str, label: str, args: tuple[str, ...], n: int, seconds:
     return {"label": label, "samples": samples, "rate": rate, "idle_pss": idle_pss, "peak_pss": peak[0]}
 
 
-def host_side(token: str, n: int, seconds: float) -> dict:
+def host_side(token: str, n: int, seconds: float, pause_s: float) -> dict:
     """Issue 12's rows: see the module docstring."""
     bare = host_speed.latencies(host_speed.bare_spawn, n)
     bare_rate = host_speed.throughput(lambda: host_speed.bare_spawn, 8, seconds)
@@ -252,7 +252,7 @@ def host_side(token: str, n: int, seconds: float) -> dict:
     ]
     notes = []
     for label, args in (("prepared sandbox (reserve)", ()), ("fresh sandbox (--reserve 0)", ("--reserve", "0"))):
-        found = measure_host(token, label, args, n, seconds)
+        found = measure_host(token, label, args, n, seconds, pause_s)
         p50, p95 = ms(found["samples"])
         rate = found["rate"]
         rows.append((f"host side, {label}, 1 at a time", f"{p50:.1f}", f"{p95:.1f}", f"{1000 / p50:.1f}/s"))
@@ -270,6 +270,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=40, help="samples per row")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long each throughput row runs")
+    parser.add_argument(
+        "--pause-s", type=float, default=0.1, help="between host-side executions one at a time (the reserve refills)"
+    )
     args = parser.parse_args()
     n = args.n
     for folder in ("queue", "processed", "control"):
@@ -329,7 +332,7 @@ def main() -> None:
         p2_note = f"P2: execute() p50 {e50:.1f} ms = {e50 / p50:.2f}x the plain Celery task (goal <= 1.5x)"
     finally:
         host.stop()
-    speed = host_side(token, n, args.seconds)
+    speed = host_side(token, n, args.seconds, args.pause_s)
     speed["notes"].insert(0, p2_note)
     rows += speed["rows"]
     db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]

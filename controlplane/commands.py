@@ -10,7 +10,8 @@ from django.db import DatabaseError
 from kombu.exceptions import OperationalError as BrokerError
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception as one short line: its message's first line, or its class."""
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
@@ -20,8 +21,8 @@ class HoldfastCommand(BaseCommand):
         try:
             return super().execute(*args, **options)
         except DatabaseError as exc:
-            raise CommandError(f"database error: {_first_line(exc)} (has `python manage.py migrate` run?)") from None
+            raise CommandError(f"database error: {first_line(exc)} (has `python manage.py migrate` run?)") from None
         except BrokerError as exc:
             # The URL may hold a password: name the scheme and host only.
             broker = settings.CELERY_BROKER_URL.split("@")[-1]
-            raise CommandError(f"cannot reach the Celery broker ({broker}): {_first_line(exc)}") from None
+            raise CommandError(f"cannot reach the Celery broker ({broker}): {first_line(exc)}") from None

@@ -455,9 +455,10 @@ RUNS_MAX_EVENTS_PER_BATCH = env_int("HOLDFAST_RUNS_MAX_EVENTS_PER_BATCH", 500, m
 RUNS_MAX_EVENTS_BODY_BYTES = env_int("HOLDFAST_RUNS_MAX_EVENTS_BODY_BYTES", 1024 * 1024, minimum=1024)
 # Rate limits on the runner API, per window of this many seconds (Django's cache counts).
 # Per run key: a runner sends at most ~10 event batches a second plus its polls; 600 in
-# 10 s is six times that, so only a runaway or hostile loop meets it. Per client address:
-# every runner of a host arrives through that host's relay, so it is high; it stops a
-# flood of made-up keys from one address. Answered 429 with Retry-After.
+# 10 s is six times that, so only a runaway or hostile loop meets it. Per client address,
+# failed authentications only: every runner of a host arrives through that host's relay,
+# so one job guessing keys must not spend its neighbours' budget; it stops a flood of
+# made-up keys from one address. Answered 429 with Retry-After.
 RUNS_API_RATE_WINDOW_S = env_float("HOLDFAST_RUNS_API_RATE_WINDOW_S", 10.0, minimum=1.0)
 RUNS_API_RATE_PER_KEY = env_int("HOLDFAST_RUNS_API_RATE_PER_KEY", 600, minimum=1)
 RUNS_API_RATE_PER_ADDRESS = env_int("HOLDFAST_RUNS_API_RATE_PER_ADDRESS", 20_000, minimum=1)

@@ -146,18 +146,6 @@ class Cgroups:
                 except OSError:
                     time.sleep(0.01)  # dying processes still hold it for a moment
 
-    def sweep(self, prefix: str, keep: set[str] = frozenset()) -> list[str]:
-        """Remove groups named ``prefix...`` left by an earlier incarnation (a SIGKILLed
-        host), except those in ``keep``. Returns the names removed."""
-        removed = []
-        for parent in self.parents.values():
-            with contextlib.suppress(OSError):
-                for name in os.listdir(parent):
-                    if name.startswith(prefix) and name not in keep and name not in removed:
-                        self.remove(name)
-                        removed.append(name)
-        return removed
-
 
 def _write(path: str, name: str, value: str, *, optional: bool = False, ignore_invalid: bool = False) -> None:
     try:

@@ -114,10 +114,6 @@ class Child:
         self._stop_status = "cancelled"
         self._stop_error = ""
 
-    @property
-    def prepared(self) -> bool:
-        return self._feed is not None
-
     # --- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
@@ -287,11 +283,11 @@ class Child:
             self.proc.stderr.close()
             if status:  # we killed it: make sure nothing of it is left
                 self.kill()
-            else:
-                if self.cgroup:  # a background process must not outlive its execution
-                    self.isolation.cgroups.kill(self.cgroup)
-                if self.uid is not None:
-                    kill_uid(self.uid)
+            elif not self.isolation.sandboxed and self.uid is not None:
+                # Without a PID namespace a background process outlives the child: sweep
+                # the slot's uid. A sandbox's processes died with its namespace's init
+                # (bubblewrap has exited), so this /proc scan stays off that path.
+                kill_uid(self.uid)
         duration_ms = int((time.monotonic() - started) * 1000)
         if status:
             return Outcome(status, None, out.text(), err.text(), duration_ms, error)
@@ -313,7 +309,7 @@ class Child:
             pass
         if self.cgroup:
             self.isolation.cgroups.kill(self.cgroup)
-        if self.uid is not None:
+        if not self.isolation.sandboxed and self.uid is not None:
             kill_uid(self.uid)  # without a PID namespace, a setsid'd grandchild left the group
 
     def cleanup(self) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from . import cgroups as cgroups_mod
 from . import defaults, protocol, sandbox, seccomp_policy, uids
-from .children import Child, ChildError, Limits
+from .children import Child, ChildError, Limits, snippet_dir
 
 RLIMITS, SHARED_UID, SHARED_DIR, FULL = protocol.ISOLATION_LEVELS  # weakest first
 LEVELS = protocol.ISOLATION_LEVELS
@@ -313,8 +313,6 @@ def sweep_leftovers(isolation: Isolation, log: Callable[..., None]) -> None:
                 if prefix == "exec" and number.isdigit() and stale(int(number)):
                     isolation.cgroups.remove(name)
                     groups += 1
-    from .children import snippet_dir
-
     with contextlib.suppress(OSError):
         directory = snippet_dir()
         for name in os.listdir(directory):

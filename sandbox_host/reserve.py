@@ -45,7 +45,6 @@ class Reserve:
         self._cond = threading.Condition()
         self._ready: list[Child] = []
         self._closed = False
-        self.started = 0  # prepared sandboxes started, for the bench and the page
         self._thread = threading.Thread(target=self._refill, name="reserve", daemon=True)
         self._thread.start()
 
@@ -107,7 +106,6 @@ class Reserve:
             with self._cond:
                 if not self._closed:
                     self._ready.append(child)
-                    self.started += 1
                     continue
             self._let_go(child)
 

@@ -130,7 +130,6 @@ class Spec:
     seccomp_fd: int
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
-    network: bool = False  # never True today: runs reach out through their relay socket
     # An execution dies with the host; a run is detached and survives it.
     die_with_parent: bool = True
     # (host fd, path inside): read-only files copied in from a descriptor (the snippet).
@@ -157,9 +156,9 @@ def _parents(paths: list[str]) -> list[str]:
 
 
 def argv(lay: Layout, spec: Spec) -> list[str]:
-    args = [lay.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    if not spec.network:
-        args.append("--unshare-net")
+    # Always a network namespace of its own (loopback only): a run reaches the control
+    # plane through its relay's socket, never a network.
+    args = [lay.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net"]
     if spec.uid is None:
         # Not root: a user namespace is the only way in, with one unprivileged uid mapped.
         args += ["--unshare-user", "--uid", str(USERNS_UID), "--gid", str(USERNS_UID), "--disable-userns"]

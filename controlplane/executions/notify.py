@@ -88,7 +88,7 @@ class Listener:
         backoff = 0.1
         while not self._stop.is_set():
             try:
-                with psycopg.connect(_dsn(), autocommit=True) as conn:
+                with psycopg.connect(autocommit=True, **_connect_params()) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._ready.set()
                     backoff = 0.1
@@ -110,18 +110,11 @@ class Listener:
         self._thread.join(timeout=5)
 
 
-def _dsn() -> str:
-    db = connection.settings_dict  # the test runner's database too
-    parts = {
-        "dbname": db.get("NAME"),
-        "user": db.get("USER"),
-        "password": db.get("PASSWORD"),
-        "host": db.get("HOST"),
-        "port": db.get("PORT"),
-    }
-    from psycopg.conninfo import make_conninfo
-
-    return make_conninfo(**{k: str(v) for k, v in parts.items() if v})
+def _connect_params() -> dict:
+    """What Django would connect with (the test runner's database, OPTIONS such as
+    ``sslmode`` included), less the objects only Django's own cursors use."""
+    params = connection.get_connection_params()
+    return {k: v for k, v in params.items() if k not in ("cursor_factory", "context") and v is not None}
 
 
 _listener: Listener | None = None

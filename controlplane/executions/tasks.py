@@ -13,6 +13,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
+from controlplane.commands import first_line
 from controlplane.executions import actions
 from controlplane.executions.models import Execution
 from controlplane.sandbox import outcome as texts
@@ -127,7 +128,7 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
         )
         refused = Outcome.system(
             "failed",
-            texts.RESULT_NOT_STORABLE.format(status=outcome.status, error=_first_line(exc)),
+            texts.RESULT_NOT_STORABLE.format(status=outcome.status, error=first_line(exc)),
             exit_code=outcome.exit_code,
             duration_ms=outcome.duration_ms,
             attempts=outcome.attempts,
@@ -135,11 +136,6 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
         recorded = _with_db_patience(lambda: actions.finish(execution_id, refused), attempts=attempts)
     if not recorded:
         log.warning("event=execution_result_not_recorded execution_id=%s reason=not_running", execution_id)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 def _drop_connection() -> None:

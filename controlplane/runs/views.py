@@ -37,39 +37,47 @@ def _bearer(request: HttpRequest) -> str:
     return token
 
 
-def _rate_limit(request: HttpRequest) -> None:
-    """Per client address first (a flood of made-up keys), then per run key (one
-    runaway runner). Counted before any database work, so a flood costs cache hits."""
+def _rate_limit_key(request: HttpRequest) -> None:
+    """Per run key (one runaway runner), before any database work."""
+    _, _, token = request.headers.get("Authorization", "").partition(" ")
+    if token.strip():
+        retry = ratelimit.hit(
+            "runner-key", token.strip(), limit=settings.RUNS_API_RATE_PER_KEY, window_s=settings.RUNS_API_RATE_WINDOW_S
+        )
+        if retry is not None:
+            raise RateLimited(retry)
+
+
+def _refused(request: HttpRequest, exc: RunsError) -> RunsError:
+    """A request that failed authentication counts against its client address, and past
+    the limit is answered 429: a flood of made-up keys stops there. Only failures count,
+    because every sandbox of a host reaches us from that host's one address (its
+    relays): a job guessing keys must not spend the budget of its neighbours' runners,
+    whose keys check."""
     retry = ratelimit.hit(
-        "runner-addr",
+        "runner-addr-failed",
         ratelimit.client_address(request),
         limit=settings.RUNS_API_RATE_PER_ADDRESS,
         window_s=settings.RUNS_API_RATE_WINDOW_S,
     )
-    _, _, token = request.headers.get("Authorization", "").partition(" ")
-    if retry is None and token.strip():
-        retry = ratelimit.hit(
-            "runner-key", token.strip(), limit=settings.RUNS_API_RATE_PER_KEY, window_s=settings.RUNS_API_RATE_WINDOW_S
-        )
-    if retry is not None:
-        raise RateLimited(retry)
+    return RateLimited(retry) if retry is not None else exc
 
 
 def authenticate(request: HttpRequest, run_id: str, credential: str) -> Run:
-    _rate_limit(request)
+    _rate_limit_key(request)
     token = _bearer(request)
     try:
         pk = uuid.UUID(run_id)
     except ValueError:
-        raise RunNotFound() from None
+        raise _refused(request, RunNotFound()) from None
     run = Run.objects.filter(pk=pk).first()
     if run is None:
-        raise RunNotFound()
+        raise _refused(request, RunNotFound())
     stored = run.launch_key_hash if credential == credentials.LAUNCH else run.session_token_hash
     # Authenticate before answering anything about the run: whoever knows a run id but
     # not its key must not learn its status from a 409.
     if not credentials.matches(token, stored):
-        raise Unauthorized()
+        raise _refused(request, Unauthorized())
     # Its own runner is told the run ended (a revoked key still proves who is asking),
     # so it stops instead of retrying.
     if run.is_terminal:

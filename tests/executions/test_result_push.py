@@ -26,7 +26,7 @@ def test_execute_returns_when_the_result_is_announced(sandbox_token):
     assert api.stats.last_woken_by_notification
     assert notify.listener().notifications > received
     # One read before the result, one after the notification: no polling in between.
-    assert api.stats.reads <= 3
+    assert api.stats.reads <= 2
 
 
 def test_a_result_whose_notification_never_comes_is_found_by_the_safety_net(sandbox_token):

@@ -61,3 +61,16 @@ def test_admin_sign_in_attempts_over_the_limit_get_429():
     assert 1 <= int(limited["Retry-After"]) <= 60
     # Reading the login page is not an attempt.
     assert client.get("/admin/login/", REMOTE_ADDR=ip).status_code == 200
+
+
+@override_settings(RUNS_API_RATE_PER_ADDRESS=4, RUNS_API_RATE_WINDOW_S=60)
+def test_a_job_guessing_keys_does_not_starve_runners_behind_the_same_address(running):
+    """Every sandbox of a host reaches the API from the host's one address (its relays):
+    a job that spends that address's budget on made-up keys must not get its
+    neighbours' runners refused."""
+    client, ip = Client(), address()
+    path = f"/internal/runs/{running.run_id}/bundle"
+    for i in range(6):
+        client.get(path, headers={"Authorization": f"Bearer hfs_{i:064d}"}, REMOTE_ADDR=ip)
+    served = client.get(path, headers={"Authorization": f"Bearer {running.token}"}, REMOTE_ADDR=ip)
+    assert served.status_code == 200

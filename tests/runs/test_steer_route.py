@@ -130,7 +130,7 @@ def test_a_malformed_id_is_refused_before_the_database_is_asked(running, django_
 @pytest.mark.django_db(transaction=True)
 def test_the_asgi_long_poll_authenticates_and_is_rate_limited_like_every_runner_route(running, settings, monkeypatch):
     """The long poll is served outside Django's request cycle; it still goes through the
-    same authentication and per-address rate limit, and a 429 says when to retry."""
+    same authentication and rate limits (per key), and a 429 says when to retry."""
     import asyncio
     import contextlib
 
@@ -138,7 +138,7 @@ def test_the_asgi_long_poll_authenticates_and_is_rate_limited_like_every_runner_
 
     from controlplane.runs import steer_asgi, steer_hub
 
-    settings.RUNS_API_RATE_PER_ADDRESS = 2
+    settings.RUNS_API_RATE_PER_KEY = 2
     # The poll's database work runs on executor threads; their connections must close
     # after each call here, or the test database cannot be dropped at the end.
     monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)

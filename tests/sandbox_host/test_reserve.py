@@ -18,8 +18,9 @@ from .conftest import TOKEN
 PROBE = textwrap.dedent(
     """
     import os, random
-    open("/tmp/mine", "w").write("x")
-    print(random.random(), os.urandom(8).hex(), hash("holdfast"), os.stat("/tmp").st_dev, os.listdir("/tmp"))
+    before = os.listdir("/tmp")
+    open("/tmp/" + os.urandom(4).hex(), "w").write("x")
+    print(random.random(), os.urandom(8).hex(), hash("holdfast"), before, len(os.listdir("/tmp")))
     """
 )
 
@@ -53,13 +54,14 @@ def test_two_executions_share_nothing(host):
     finally:
         ws.close()
     assert prepared_starts(host) - before == 2  # both ran in prepared sandboxes
-    a, b = (r.stdout.split(maxsplit=4) for r in (first, second))
-    assert a[:3] != b[:3] and a[0] != b[0] and a[1] != b[1]  # random, urandom and the hash seed differ
-    assert a[4].strip() == b[4].strip() == "['mine']"  # each saw only its own file
+    a, b = (r.stdout.split() for r in (first, second))
+    assert a[0] != b[0] and a[1] != b[1] and a[2] != b[2]  # random, urandom and the hash seed differ
+    assert a[3:] == b[3:] == ["[]", "1"]  # each found /tmp empty and saw only its own file
 
 
 def test_limits_are_lowered_to_the_executions_own(host):
-    wait_until(lambda: waiting_sandboxes(host), timeout=20, what="the reserve to fill")
+    wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
+    before = prepared_starts(host)
     ws = connect(host.url, TOKEN)
     try:
         hog = execute(ws, "data = bytearray(512 * 1024 * 1024)\nprint('allocated')", memory_mb=128)
@@ -68,6 +70,7 @@ def test_limits_are_lowered_to_the_executions_own(host):
         ws.close()
     assert hog.status == "failed" and "MemoryError" in hog.stderr
     assert slow.status == "timed_out"
+    wait_until(lambda: prepared_starts(host) - before == 2, timeout=5, what="both to have run prepared")
 
 
 def test_a_sandbox_that_died_waiting_costs_no_execution(shared_dir):
