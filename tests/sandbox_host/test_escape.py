@@ -26,6 +26,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -436,10 +437,10 @@ def test_a_host_without_bubblewrap_refuses_to_start(tmp_path):
     assert last.startswith("holdfast-host: refusing to start:") and "apt-get install bubblewrap" in last
 
 
-def _as_nobody(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+def _as_nobody(*args: str, env: dict[str, str], code: Path) -> subprocess.Popen[str]:
     """The host as an unprivileged user, on the system's interpreter (our venv's lies
-    under /root, out of that user's reach) with our packages on its path."""
-    site = next(Path(ROOT, ".venv", "lib").glob("python3*/site-packages"))
+    under /root, out of that user's reach) with ``code`` (a readable copy of our
+    packages) on its path: the checkout itself may sit where only root can enter."""
     command = [
         "setpriv",
         "--reuid=nobody",
@@ -449,10 +450,28 @@ def _as_nobody(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
         "-m",
         "sandbox_host",
     ]
-    env = {**env, "PYTHONPATH": f"{ROOT}:{site}", "PYTHONUNBUFFERED": "1"}
+    env = {**env, "PYTHONPATH": str(code), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [*command, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*command, *args], cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+
+
+@pytest.fixture(scope="module")
+def nobody_code():
+    """``sandbox_host`` and the two packages it imports beyond the standard library, in a
+    directory every user may read."""
+    import pyseccomp
+    import websockets
+
+    target = Path(tempfile.mkdtemp(prefix="holdfast-nobody-code-"))
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "sandbox_host", target / "sandbox_host", ignore=skip)
+    shutil.copytree(Path(websockets.__file__).parent, target / "websockets", ignore=skip)
+    shutil.copy2(pyseccomp.__file__, target / "pyseccomp.py")
+    for path in (target, *target.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield target
+    shutil.rmtree(target, ignore_errors=True)
 
 
 needs_system_python = pytest.mark.skipif(
@@ -461,10 +480,9 @@ needs_system_python = pytest.mark.skipif(
 
 
 @needs_system_python
-def test_a_non_root_host_refuses_unless_told(tmp_path):
-    proc = _as_nobody(
-        "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "s"), env={"HOLDFAST_SANDBOX_TOKEN": TOKEN}
-    )
+def test_a_non_root_host_refuses_unless_told(tmp_path, nobody_code):
+    env = {"HOLDFAST_SANDBOX_TOKEN": TOKEN}
+    proc = _as_nobody("--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "s"), env=env, code=nobody_code)
     try:
         _, err = proc.communicate(timeout=scaled(60))
     finally:
@@ -474,7 +492,7 @@ def test_a_non_root_host_refuses_unless_told(tmp_path):
 
 
 @needs_system_python
-def test_a_non_root_hosts_child_cannot_write_the_host_users_files(tmp_path):
+def test_a_non_root_hosts_child_cannot_write_the_host_users_files(tmp_path, nobody_code):
     nobody = pwd.getpwnam("nobody")
     home = Path(f"/tmp/holdfast-nobody-{uuid.uuid4().hex[:8]}")
     home.mkdir()
@@ -491,6 +509,7 @@ def test_a_non_root_hosts_child_cannot_write_the_host_users_files(tmp_path):
         "--state-dir",
         str(state),
         env={"HOLDFAST_SANDBOX_TOKEN": TOKEN},
+        code=nobody_code,
     )
     try:
         line = proc.stdout.readline()
