@@ -296,6 +296,8 @@ EXECUTION_MAX_TIMEOUT_S = env_float("HOLDFAST_EXECUTION_MAX_TIMEOUT_S", 300.0, m
 # one duplicates deliveries (the CAS claim makes a duplicate harmless, but wasteful).
 CELERY_VISIBILITY_TIMEOUT_S = env_int("HOLDFAST_CELERY_VISIBILITY_TIMEOUT_S", 3600, minimum=60)
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's filesystem transport with atomic writes and claims (controlplane/broker.py).
+    CELERY_BROKER_TRANSPORT = "controlplane.broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_BROKER_DIR / "queue"),
         "data_folder_out": str(_BROKER_DIR / "queue"),

@@ -1,0 +1,81 @@
+"""The embedded default's broker: kombu's filesystem transport, made safe for more than
+one process.
+
+kombu's own transport creates a message file and only then writes it, and its consumer
+claims a file with ``shutil.move`` (which ignores the writer's lock). A consumer that
+lists the folder between the two takes an empty file: the message is lost (the writer's
+bytes land in the moved file) and the JSON error kills the worker, which then consumes
+nothing more. Here a message is written under a name no consumer matches and renamed
+into place when complete, a consumer claims it with an atomic rename into the broker's
+own ``processed`` folder (one winner, same filesystem), and a file that still does not
+parse is set aside in ``bad/`` with a log line instead of stopping the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from queue import Empty
+from time import monotonic
+
+from kombu.transport import filesystem
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
+
+log = logging.getLogger("holdfast.broker")
+
+PARTIAL_SUFFIX = ".partial"
+
+
+class Channel(filesystem.Channel):
+    def _put(self, queue, payload, **kwargs):
+        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        final = os.path.join(self.data_folder_out, name)
+        partial = final + PARTIAL_SUFFIX
+        try:
+            with open(partial, "wb") as f:
+                f.write(str_to_bytes(dumps(payload)))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, final)
+        except OSError as exc:
+            raise filesystem.ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+    def _get(self, queue):
+        wanted = f"{queue}.msg"
+        claimed_dir = self.processed_folder
+        for name in sorted(os.listdir(self.data_folder_in)):
+            if name.partition(".")[2] != wanted:
+                continue  # another queue's, or a message still being written
+            claimed = os.path.join(claimed_dir, name)
+            try:
+                os.rename(os.path.join(self.data_folder_in, name), claimed)
+            except FileNotFoundError:
+                continue  # another consumer won it
+            except OSError as exc:
+                raise filesystem.ChannelError(f"Cannot claim {name!r} from the queue") from exc
+            try:
+                with open(claimed, "rb") as f:
+                    payload = f.read()
+                message = loads(bytes_to_str(payload))
+            except (OSError, ValueError) as exc:
+                self._set_aside(claimed, name, exc)
+                continue
+            if not self.store_processed:
+                os.remove(claimed)
+            return message
+        raise Empty()
+
+    def _set_aside(self, claimed: str, name: str, exc: BaseException) -> None:
+        bad_dir = os.path.join(os.path.dirname(os.path.abspath(self.processed_folder)), "bad")
+        os.makedirs(bad_dir, exist_ok=True)
+        try:
+            os.replace(claimed, os.path.join(bad_dir, name))
+        except OSError:
+            pass
+        log.error("event=broker_message_unreadable file=%s error=%s", name, exc.__class__.__name__)
+
+
+class Transport(filesystem.Transport):
+    Channel = Channel

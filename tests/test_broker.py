@@ -1,0 +1,100 @@
+"""The embedded default's broker (``controlplane/broker.py``): a message is consumed
+once, whole, by one consumer, and a file that cannot be read never stops consuming."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+from kombu import Connection
+
+from controlplane.broker import PARTIAL_SUFFIX, Transport
+
+QUEUE = "holdfast-test"
+
+
+def _connection(root: Path) -> Connection:
+    for folder in ("queue", "processed", "control"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    return Connection(
+        "filesystem://localhost/",
+        transport=Transport,
+        transport_options={
+            "data_folder_in": str(root / "queue"),
+            "data_folder_out": str(root / "queue"),
+            "processed_folder": str(root / "processed"),
+            "control_folder": str(root / "control"),
+            "store_processed": False,
+        },
+    )
+
+
+def test_an_unreadable_message_file_is_set_aside_and_consuming_goes_on(tmp_path):
+    with _connection(tmp_path) as conn:
+        queue = conn.SimpleQueue(QUEUE)
+        # What kombu's own transport leaves between creating a file and writing it.
+        (tmp_path / "queue" / f"1_torn.{QUEUE}.msg").write_bytes(b"")
+        queue.put({"n": 1})
+        message = queue.get(timeout=2)
+        assert message.payload == {"n": 1}
+        message.ack()
+        queue.close()
+    assert [p.name for p in (tmp_path / "bad").iterdir()] == [f"1_torn.{QUEUE}.msg"]
+
+
+def test_a_message_still_being_written_is_not_consumed(tmp_path):
+    with _connection(tmp_path) as conn:
+        queue = conn.SimpleQueue(QUEUE)
+        partial = tmp_path / "queue" / f"1_x.{QUEUE}.msg{PARTIAL_SUFFIX}"
+        partial.write_bytes(b'{"half')
+        assert queue.qsize() == 0
+        try:
+            queue.get(timeout=0.3)
+            raise AssertionError("a partial file was consumed")
+        except queue.Empty:
+            pass
+        queue.close()
+    assert partial.exists()
+
+
+def _produce(root: str, start: int, count: int) -> None:
+    with _connection(Path(root)) as conn:
+        queue = conn.SimpleQueue(QUEUE)
+        for n in range(start, start + count):
+            queue.put({"n": n})
+        queue.close()
+
+
+def _consume(root: str, out: str, stop_after_idle: float) -> None:
+    seen = []
+    with _connection(Path(root)) as conn:
+        queue = conn.SimpleQueue(QUEUE)
+        while True:
+            try:
+                message = queue.get(timeout=stop_after_idle)
+            except queue.Empty:
+                break
+            seen.append(message.payload["n"])
+            message.ack()
+        queue.close()
+    Path(out).write_text("\n".join(map(str, seen)))
+
+
+def test_concurrent_producers_and_consumers_deliver_each_message_exactly_once(tmp_path):
+    per_producer, producers = 400, 3
+    ctx = multiprocessing.get_context("spawn")
+    outs = [tmp_path / f"consumed-{i}.txt" for i in range(2)]
+    consumers = [ctx.Process(target=_consume, args=(str(tmp_path), str(out), 3.0)) for out in outs]
+    writers = [
+        ctx.Process(target=_produce, args=(str(tmp_path), i * per_producer, per_producer)) for i in range(producers)
+    ]
+    for p in consumers + writers:
+        p.start()
+    for p in writers + consumers:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    consumed = [int(n) for out in outs for n in out.read_text().split()]
+    assert sorted(consumed) == list(range(per_producer * producers))
+    assert not (tmp_path / "bad").exists()
+    assert os.listdir(tmp_path / "queue") == []
