@@ -153,6 +153,7 @@ INSTALLED_APPS = [
     "controlplane.executions",
     "controlplane.runs",
     "controlplane.hosts",
+    "controlplane.owners",
 ]
 
 MIDDLEWARE = [
@@ -425,6 +426,12 @@ EXECUTION_RESULT_STORE_PATIENCE_S = env_float("HOLDFAST_EXECUTION_RESULT_STORE_P
 # where a pooler (PgBouncer in transaction mode) cannot carry LISTEN.
 EXECUTION_RESULT_NOTIFY = env_bool("HOLDFAST_EXECUTION_RESULT_NOTIFY", True)
 EXECUTION_PICKUP_WAIT_S = env_float("HOLDFAST_EXECUTION_PICKUP_WAIT_S", 30.0, minimum=1.0)
+# Per-owner caps; an owner's own value (admin, create_owner) overrides these.
+# 200 active and 2,000 queued are the reference service's figures: enough for a busy
+# tenant, small enough that one tenant cannot take the whole fleet or bury the queue.
+OWNER_MAX_ACTIVE = env_int("HOLDFAST_OWNER_MAX_ACTIVE", 200, minimum=1)
+OWNER_MAX_QUEUED = env_int("HOLDFAST_OWNER_MAX_QUEUED", 2000, minimum=1)
+OWNER_MAX_LIVE_RUNS = env_int("HOLDFAST_OWNER_MAX_LIVE_RUNS", 50, minimum=1)
 
 # --- Runs ----------------------------------------------------------------------------
 
