@@ -20,3 +20,44 @@ class OwnerDisabled(OwnerError):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"owner {name!r} is disabled")
+
+
+class Refused(OwnerError):
+    """Work refused for now; the caller may retry after ``retry_after_s``."""
+
+    code = "refused"
+    http_status = 503
+    retry_after_s = 1
+
+
+class OwnerLimit(Refused):
+    """One owner is over one of its caps (active, queued, live runs)."""
+
+    code = "owner_limit"
+    http_status = 429
+    text = "Too many concurrent code executions. Please wait for some to complete before running more."
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(f"{self.text} ({detail})" if detail else self.text)
+
+
+class AtCapacity(Refused):
+    """The whole deployment is full, whoever asks."""
+
+    code = "at_capacity"
+    http_status = 503
+    text = "Code execution is at capacity. Please try again in a moment."
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(f"{self.text} ({detail})" if detail else self.text)
+
+
+class QueueWaitExceeded(Refused):
+    """Queued longer than the deployment lets work wait; it was not run."""
+
+    code = "queue_wait_exceeded"
+    http_status = 503
+    text = "Code execution waited too long in the queue and was not run. Please try again."
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(f"{self.text} ({detail})" if detail else self.text)
