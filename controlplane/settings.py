@@ -154,6 +154,7 @@ INSTALLED_APPS = [
     "controlplane.runs",
     "controlplane.hosts",
     "controlplane.owners",
+    "controlplane.api",
 ]
 
 MIDDLEWARE = [
@@ -167,7 +168,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-# What this web process serves: "all" (the admin and the runner API), or "runner-api"
+# What this web process serves: "all" (the admin, the runner API and the public API
+# under /api/v1/), or "runner-api"
 # (only the runner API: the process HOLDFAST_CONTROL_PLANE_URL should name, since a
 # run's relay carries its job to whatever that address serves; controlplane/runner_urls.py).
 WEB_ROLES = {"all": "controlplane.urls", "runner-api": "controlplane.runner_urls"}
@@ -332,6 +334,9 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": RECONCILE_INTERVAL_S,
         "options": {"expires": RECONCILE_INTERVAL_S},
     },
+    # Idempotency records past their retention are deleted in small batches; a
+    # replay after that creates anew (docs/api.md, "Idempotency-Key").
+    "api-idempotency-purge": {"task": "controlplane.api.tasks.purge_idempotency_records", "schedule": 600.0},
 }
 
 
@@ -579,3 +584,42 @@ HOSTS_DRAIN_TIMEOUT_S = env_float(
 )
 # How often the drain page fetches fresh figures (seconds).
 HOSTS_PAGE_REFRESH_S = env_float("HOLDFAST_HOSTS_PAGE_REFRESH_S", 2.0, minimum=0.5)
+
+# --- The public API (controlplane/api/, docs/api.md) ------------------------------------
+
+# Bytes of one request body. A snippet may be EXECUTION_MAX_CODE_BYTES and JSON escaping
+# can double it; anything beyond is refused (413) before it is read.
+API_MAX_BODY_BYTES = env_int("HOLDFAST_API_MAX_BODY_BYTES", 2 * EXECUTION_MAX_CODE_BYTES + 16 * 1024, minimum=1024)
+# Seconds POST /executions with "wait": true blocks for a result before answering 202
+# (the caller then polls). It holds one web thread while it waits, so it is bounded well
+# under a balancer's usual 60 s idle timeout.
+API_EXECUTION_WAIT_MAX_S = env_float("HOLDFAST_API_EXECUTION_WAIT_MAX_S", 30.0, minimum=0.1)
+# Seconds an Idempotency-Key is remembered per owner. A day covers any client's retry
+# loop (and an outage); after it the same key creates anew. Purged by beat.
+API_IDEMPOTENCY_RETENTION_S = env_float("HOLDFAST_API_IDEMPOTENCY_RETENTION_S", 24 * 3600.0, minimum=60.0)
+# Characters of an Idempotency-Key (a UUID is 36; room for a client's own scheme).
+API_IDEMPOTENCY_KEY_MAX_CHARS = 255
+# Rate limits per API key, per window of this many seconds (Django's cache counts, so
+# every web process counts together): 300 requests in 10 s is a busy service polling
+# hundreds of executions; beyond it the key is looped or abused. Failed authentications
+# count per client address, so a flood of made-up keys stops there. Answered 429.
+API_RATE_WINDOW_S = env_float("HOLDFAST_API_RATE_WINDOW_S", 10.0, minimum=1.0)
+API_RATE_PER_KEY = env_int("HOLDFAST_API_RATE_PER_KEY", 300, minimum=1)
+API_RATE_FAILED_PER_ADDRESS = env_int("HOLDFAST_API_RATE_FAILED_PER_ADDRESS", 100, minimum=1)
+# Events one GET /runs/{id}/events page returns at most (the default page is 100).
+API_EVENTS_PAGE_MAX = env_int("HOLDFAST_API_EVENTS_PAGE_MAX", 500, minimum=1)
+# The server-sent-events stream (controlplane/api/sse.py): a stream lives at most this
+# many seconds, then ends and the client reconnects with Last-Event-ID (no stream holds
+# a socket forever, and a deploy's old process lets go within it).
+API_SSE_MAX_S = env_float("HOLDFAST_API_SSE_MAX_S", 300.0, minimum=1.0)
+# Seconds between two reads of a streamed run's new events. Events are not announced
+# (no NOTIFY on append), so a stream polls; a read is one indexed query in a shared
+# executor thread, and the stream holds no thread in between.
+API_SSE_POLL_S = env_float("HOLDFAST_API_SSE_POLL_S", 0.5, minimum=0.05)
+# Seconds between two keep-alive comments on a quiet stream: under a balancer's usual
+# 60 s idle timeout.
+API_SSE_HEARTBEAT_S = env_float("HOLDFAST_API_SSE_HEARTBEAT_S", 15.0, minimum=1.0)
+# Streams one web process serves at once; beyond it a stream is refused 503 with
+# Retry-After, so a flood of streams cannot exhaust the process (each is a socket and a
+# poll loop).
+API_SSE_MAX_STREAMS = env_int("HOLDFAST_API_SSE_MAX_STREAMS", 1000, minimum=1)
