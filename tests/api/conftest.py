@@ -5,6 +5,7 @@ docs/openapi.json (openapi_check.py), so each test also proves the description t
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 
 import pytest
@@ -55,7 +56,10 @@ class Api:
 def make_api(name: str, **fields) -> Api:
     owner = Owner.objects.create(name=name, **fields)
     _, raw = keys.create_key(owner, label="tests")
-    return Api(Client(), owner, raw)
+    # An address of its own: failed authentications are counted per address (in Redis,
+    # across tests), and one test's refusals must not spend another's budget.
+    address = "10.{}.{}.{}".format(*secrets.token_bytes(3))
+    return Api(Client(REMOTE_ADDR=address), owner, raw)
 
 
 @pytest.fixture
