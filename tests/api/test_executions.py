@@ -144,6 +144,11 @@ class PlainOwnerError(owner_errors.OwnerError):
     code = "some_owner_problem"
 
 
+class BusyWithoutHint(owner_errors.OwnerError):
+    code = "busy_without_hint"
+    http_status = 429
+
+
 @pytest.mark.parametrize(
     ("exc", "status", "code", "retry_after"),
     [
@@ -153,6 +158,8 @@ class PlainOwnerError(owner_errors.OwnerError):
         (NewRefusal("later"), 503, "brand_new_refusal", "7"),
         (owner_errors.OwnerDisabled("acme"), 400, "owner_disabled", None),
         (PlainOwnerError("no"), 400, "some_owner_problem", None),
+        # A 429 or 503 always says when to come back, even when its error does not.
+        (BusyWithoutHint("later"), 429, "busy_without_hint", "1"),
     ],
 )
 def test_any_owner_refusal_maps_to_its_code_status_and_retry_after(api, monkeypatch, exc, status, code, retry_after):
