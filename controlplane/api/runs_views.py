@@ -96,18 +96,11 @@ def cancel(request: HttpRequest, owner: Owner, run_id: str) -> JsonResponse:
     return _answer(run)
 
 
-def _after(raw: str | None, field: str) -> int:
-    if raw is None or raw == "":
-        return 0
-    if not raw.isdigit() or len(raw) > 18:
-        raise InvalidField("must be a whole number of at least 0", field=field)
-    return int(raw)
-
-
 def _limit(raw: str | None) -> int:
     if raw is None or raw == "":
         return DEFAULT_PAGE
-    if not raw.isdigit() or not 1 <= int(raw[:6]) <= settings.API_EVENTS_PAGE_MAX or len(raw) > 6:
+    # isascii: str.isdigit() also takes digits like "²" that int() refuses.
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 6 or not 1 <= int(raw) <= settings.API_EVENTS_PAGE_MAX:
         raise InvalidField(f"must be a whole number from 1 to {settings.API_EVENTS_PAGE_MAX}", field="limit")
     return int(raw)
 
@@ -121,7 +114,7 @@ def events(request: HttpRequest, owner: Owner, run_id: str) -> HttpResponse:
     if _wants_stream(request):
         return _short_stream(request, owner, run_id)
     run = owned(Run, run_id, owner)
-    after = _after(request.GET.get("after"), "after")
+    after = sse.cursor(None, request.GET.get("after"))
     return JsonResponse(events_page(run, after, _limit(request.GET.get("limit"))))
 
 

@@ -59,7 +59,8 @@ def cursor(last_event_id: str | None, after: str | None) -> int:
         if raw is None or raw.strip() == "":
             continue
         raw = raw.strip()
-        if not raw.isdigit() or len(raw) > 18:
+        # isascii: str.isdigit() also takes digits like "²" that int() refuses.
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
             raise InvalidField("must be a whole number of at least 0", field=field)
         return int(raw)
     return 0

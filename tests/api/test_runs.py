@@ -121,7 +121,15 @@ def test_events_come_in_pages_after_a_seq(api):
 
 
 @pytest.mark.parametrize(
-    ("query", "field"), [("after=-1", "after"), ("after=x", "after"), ("limit=0", "limit"), ("limit=100000", "limit")]
+    ("query", "field"),
+    [
+        ("after=-1", "after"),
+        ("after=x", "after"),
+        ("after=%C2%B2", "after"),
+        ("limit=0", "limit"),
+        ("limit=100000", "limit"),
+        ("limit=%C2%B2", "limit"),
+    ],
 )
 def test_a_bad_events_query_is_a_400_naming_it(api, query, field):
     run_id = _running(api)
