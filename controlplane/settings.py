@@ -435,10 +435,11 @@ OWNER_MAX_LIVE_RUNS = env_int("HOLDFAST_OWNER_MAX_LIVE_RUNS", 50, minimum=1)
 
 # --- Runs ----------------------------------------------------------------------------
 
-# Where a runner inside a sandbox reaches this control plane's internal API (the web
-# process, or the balancer in front of it). Passed to the host at launch, never guessed
-# by the runner.
-RUNS_CONTROL_PLANE_URL = env_str("HOLDFAST_CONTROL_PLANE_URL", "http://127.0.0.1:8000")
+# Where a runner inside a sandbox reaches this control plane's internal API: the
+# Procfile's runner-api process (port 8001), or the balancer in front of it. Passed to
+# the host at launch, never guessed by the runner. Not the web process: a run's relay
+# carries its job to this address, and web also serves the admin and the public API.
+RUNS_CONTROL_PLANE_URL = env_str("HOLDFAST_CONTROL_PLANE_URL", "http://127.0.0.1:8001")
 # Dotted path of the callable that builds the launch driver (controlplane.runs.launcher).
 # Empty means the sandbox hosts' WebSocket driver when HOLDFAST_SANDBOX_URL and _TOKEN
 # are set (the same hosts executions use); with neither, runs cannot be launched: the
