@@ -362,7 +362,9 @@ SANDBOX_TOKEN = env_str("HOLDFAST_SANDBOX_TOKEN", "")
 # driver sends it anything: by default the full sandbox ("bwrap"). A host below it is
 # refused with the reason in the execution's error. Lower it only on a developer
 # machine, knowingly: insecure-shared-uid or insecure-rlimits (docs/operations.md).
-SANDBOX_REQUIRED_ISOLATION = env_str("HOLDFAST_REQUIRED_ISOLATION", _protocol.FULL_ISOLATION)
+# Lowered, `check --deploy` (the Procfile's web line) fails: controlplane/hosts/checks.py.
+SANDBOX_FULL_ISOLATION = _protocol.FULL_ISOLATION
+SANDBOX_REQUIRED_ISOLATION = env_str("HOLDFAST_REQUIRED_ISOLATION", SANDBOX_FULL_ISOLATION)
 if SANDBOX_REQUIRED_ISOLATION not in _protocol.ISOLATION_LEVELS:
     raise ImproperlyConfigured(
         f"HOLDFAST_REQUIRED_ISOLATION must be one of {', '.join(_protocol.ISOLATION_LEVELS)}; "

@@ -139,3 +139,17 @@ def test_runners_are_sent_to_the_runner_api_process_by_default(clean_env):
     url = load()["RUNS_CONTROL_PLANE_URL"]
     assert url.endswith(f":{port}") and not url.endswith(f":{web_port}")
     assert "HOLDFAST_WEB_ROLE=runner-api" in runner_api
+
+
+def test_check_deploy_fails_when_the_required_isolation_is_lowered(settings):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    settings.SANDBOX_REQUIRED_ISOLATION = "insecure-rlimits"
+    with pytest.raises(SystemCheckError, match=r"holdfast\.W001"):
+        call_command("check", "--deploy", "--fail-level", "WARNING", "--tag", "security")
+    settings.SANDBOX_REQUIRED_ISOLATION = settings.SANDBOX_FULL_ISOLATION
+    try:
+        call_command("check", "--deploy", "--fail-level", "WARNING", "--tag", "security")
+    except SystemCheckError as exc:
+        assert "holdfast.W001" not in str(exc)
