@@ -367,7 +367,9 @@ SANDBOX_TOKEN = env_str("HOLDFAST_SANDBOX_TOKEN", "")
 # driver sends it anything: by default the full sandbox ("bwrap"). A host below it is
 # refused with the reason in the execution's error. Lower it only on a developer
 # machine, knowingly: insecure-shared-uid or insecure-rlimits (docs/operations.md).
-SANDBOX_REQUIRED_ISOLATION = env_str("HOLDFAST_REQUIRED_ISOLATION", _protocol.FULL_ISOLATION)
+# Lowered, `check --deploy` (the Procfile's web line) fails: controlplane/hosts/checks.py.
+SANDBOX_FULL_ISOLATION = _protocol.FULL_ISOLATION
+SANDBOX_REQUIRED_ISOLATION = env_str("HOLDFAST_REQUIRED_ISOLATION", SANDBOX_FULL_ISOLATION)
 if SANDBOX_REQUIRED_ISOLATION not in _protocol.ISOLATION_LEVELS:
     raise ImproperlyConfigured(
         f"HOLDFAST_REQUIRED_ISOLATION must be one of {', '.join(_protocol.ISOLATION_LEVELS)}; "
@@ -440,10 +442,11 @@ OWNER_MAX_LIVE_RUNS = env_int("HOLDFAST_OWNER_MAX_LIVE_RUNS", 50, minimum=1)
 
 # --- Runs ----------------------------------------------------------------------------
 
-# Where a runner inside a sandbox reaches this control plane's internal API (the web
-# process, or the balancer in front of it). Passed to the host at launch, never guessed
-# by the runner.
-RUNS_CONTROL_PLANE_URL = env_str("HOLDFAST_CONTROL_PLANE_URL", "http://127.0.0.1:8000")
+# Where a runner inside a sandbox reaches this control plane's internal API: the
+# Procfile's runner-api process (port 8001), or the balancer in front of it. Passed to
+# the host at launch, never guessed by the runner. Not the web process: a run's relay
+# carries its job to this address, and web also serves the admin and the public API.
+RUNS_CONTROL_PLANE_URL = env_str("HOLDFAST_CONTROL_PLANE_URL", "http://127.0.0.1:8001")
 # Dotted path of the callable that builds the launch driver (controlplane.runs.launcher).
 # Empty means the sandbox hosts' WebSocket driver when HOLDFAST_SANDBOX_URL and _TOKEN
 # are set (the same hosts executions use); with neither, runs cannot be launched: the

@@ -20,6 +20,7 @@ again; ``handled`` keeps a re-served message from being applied twice in this ru
 
 from __future__ import annotations
 
+import collections
 import datetime
 import errno
 import fcntl
@@ -92,7 +93,9 @@ class SteerLoop:
         self.to_drop: list[str] = []
         self.handled: dict[str, None] = {}  # insertion-ordered set
         self.attempts: dict[str, int] = {}
-        self.applied: list[tuple[str, str]] = []  # (kind, id) acted on, in order
+        # (kind, id) acted on, in order; the latest HANDLED_MEMORY, so a run that is
+        # steered for weeks does not grow its runner without bound.
+        self.applied: collections.deque[tuple[str, str]] = collections.deque(maxlen=HANDLED_MEMORY)
         self._no_progress = 0
         self._degraded_since: str | None = None
         self._failed_polls = 0
@@ -216,7 +219,7 @@ class JobActor:
         fcntl.fcntl(stdin_fd, fcntl.F_SETFL, fcntl.fcntl(stdin_fd, fcntl.F_GETFL) | os.O_NONBLOCK)
         self._pending = b""
         self._pending_id: str | None = None
-        self._landed: set[str] = set()
+        self._landed: dict[str, None] = {}  # insertion-ordered, trimmed like ``handled``
         self._lock = threading.Lock()
 
     def interrupt(self) -> None:
@@ -241,7 +244,9 @@ class JobActor:
                 raise OSError(errno.EAGAIN, "the job's stdin is full") from None
             self._pending = self._pending[written:]
         assert self._pending_id is not None
-        self._landed.add(self._pending_id)
+        self._landed[self._pending_id] = None
+        while len(self._landed) > HANDLED_MEMORY:
+            del self._landed[next(iter(self._landed))]
         self._pending_id = None
 
 

@@ -110,6 +110,8 @@ class Child:
         self.proc: subprocess.Popen[bytes] | None = None
         self._feed: int | None = None  # a prepared child's code pipe, our end
         self._snippet = ""  # a prepared child's /holdfast/main.py, on the host
+        self._status: int | None = None  # a prepared child's exit-status pipe, our end
+        self._ended_early = False  # reported at its exit status; the sandbox may still be going
         self._stop = threading.Event()
         self._stop_status = "cancelled"
         self._stop_error = ""
@@ -123,7 +125,10 @@ class Child:
             if self.code is None:  # prepared: the code comes later, down a pipe
                 code_fd, self._feed = os.pipe()
                 fds.append(code_fd)
-                inner = [self.isolation.python, "-I", WAITER_INSIDE, str(code_fd)]
+                # Its exit status comes back down another, before the sandbox's teardown.
+                self._status, status_fd = os.pipe()
+                fds.append(status_fd)
+                inner = [self.isolation.python, "-I", WAITER_INSIDE, str(code_fd), str(status_fd)]
                 # /holdfast/main.py exists as in a fresh sandbox (a snippet may run itself
                 # again, as multiprocessing's spawn does): an empty file now, its code later.
                 owner = self.uid if self.uid is not None else self.slot
@@ -185,6 +190,7 @@ class Child:
                 pass_fds=tuple(fds),
             )
         except OSError as exc:
+            self._close_status()
             self.cleanup()
             raise ChildError(f"could not start the child: {exc.__class__.__name__}") from None
         finally:
@@ -253,10 +259,13 @@ class Child:
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ, out)
         sel.register(self.proc.stderr, selectors.EVENT_READ, err)
+        if self._status is not None:
+            sel.register(self._status, selectors.EVENT_READ, None)
         status = error = ""
         exited_at: float | None = None
+        early_code: int | None = None
         try:
-            while sel.get_map():
+            while sel.get_map() and early_code is None:
                 now = time.monotonic()
                 if not status and exited_at is None:
                     if now >= deadline:
@@ -272,13 +281,25 @@ class Child:
                 wake = min(defaults.DEFAULT_POLL_INTERVAL_S, max(0.0, deadline - now))
                 for key, _ in sel.select(timeout=wake):
                     chunk = os.read(key.fd, 65536)
-                    if chunk:
+                    if key.data is None:  # the waiter's exit status
+                        sel.unregister(key.fileobj)
+                        if chunk.strip().isdigit() and not status:
+                            early_code = int(chunk)
+                            # Flushed before the status was written: all of it is in the pipes.
+                            _drain(self.proc.stdout, out)
+                            _drain(self.proc.stderr, err)
+                            break
+                    elif chunk:
                         key.data.add(chunk)
                     else:
                         sel.unregister(key.fileobj)
-            returncode = self.proc.wait()
+            if early_code is not None:
+                returncode, self._ended_early = early_code, True  # cleanup() kills what is left
+            else:
+                returncode = self.proc.wait()
         finally:
             sel.close()
+            self._close_status()
             self.proc.stdout.close()
             self.proc.stderr.close()
             if status:  # we killed it: make sure nothing of it is left
@@ -312,10 +333,28 @@ class Child:
         if not self.isolation.sandboxed and self.uid is not None:
             kill_uid(self.uid)  # without a PID namespace, a setsid'd grandchild left the group
 
+    def _close_status(self) -> None:
+        status, self._status = self._status, None
+        if status is not None:
+            os.close(status)
+
     def cleanup(self) -> None:
         """Remove the execution's control groups, once. The groups are named after the
         slot's uid: once the slot is free they may belong to the next execution, so a
-        second call must not touch them."""
+        second call must not touch them. A child reported at its exit status is still
+        tearing its sandbox down: it is reaped first (killed if that takes long), so
+        nothing of it outlives its slot."""
+        if self._ended_early and self.proc is not None:
+            self._ended_early = False
+            try:
+                # Its interpreter has exited, so bubblewrap is ending the sandbox already;
+                # a kill now would only make the kernel's teardown slower.
+                self.proc.wait(timeout=defaults.DEFAULT_PIPE_DRAIN_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=defaults.DEFAULT_PIPE_DRAIN_S)
+        self._close_status()
         cgroup, self.cgroup = self.cgroup, ""
         if cgroup:
             self.isolation.cgroups.remove(cgroup)
@@ -323,6 +362,14 @@ class Child:
         if snippet:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(snippet)
+
+
+def _drain(pipe, sink: _Capped) -> None:
+    """Read what ``pipe`` holds now, without waiting for its writers to close it."""
+    os.set_blocking(pipe.fileno(), False)
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(pipe.fileno(), 65536):
+            sink.add(chunk)
 
 
 def kill_uid(uid: int, *, rounds: int = 20) -> None:

@@ -198,6 +198,8 @@ def run_execution(
                 error=outcome.error,
             )
         )
+        if prepared and reserve is not None:
+            reserve.replenish()
     except Exception as exc:  # a host bug must not leak the slot or kill the connection thread
         log("execution_internal_error", conn=conn_id, id=frame.id, error=exc.__class__.__name__)
         if child is not None:

@@ -5,7 +5,10 @@ interpreter) costs tens of milliseconds; running a trivial snippet in a sandbox 
 already up costs well under one. The reserve keeps ``size`` sandboxes started, each
 contained exactly as a fresh one (same command line, same uid slot rules, same seccomp
 filter and control groups) and waiting for code (``waiter.py``). An execution takes
-one, if its limits fit the reserve's ceilings, and a background thread starts the next.
+one, if its limits fit the reserve's ceilings, and a background thread starts the next
+once that execution's result is out (``replenish``), or at its next check: starting a
+sandbox forks this process, and doing it while the execution starts would slow the
+very execution the reserve is there to speed up.
 
 Each prepared sandbox is used once: one execution's code, then it ends. Nothing is
 shared between two executions but the host itself, which is why the containment tests
@@ -54,9 +57,12 @@ class Reserve:
         if limits.memory_mb > self.ceilings.memory_mb or limits.timeout_ms > self.ceilings.timeout_ms:
             return None
         with self._cond:
-            child = self._ready.pop(0) if self._ready else None
-            self._cond.notify_all()  # the refill thread starts the next one
-        return child
+            return self._ready.pop(0) if self._ready else None
+
+    def replenish(self) -> None:
+        """Start the next prepared sandbox now (an execution's result has been sent)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def ready(self) -> int:
         with self._cond:

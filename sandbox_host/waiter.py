@@ -16,9 +16,15 @@ joined, ``atexit`` handlers run, stdout and stderr flushed), then exits at once 
 of tearing every module down: the sandbox, its tmpfs included, is thrown away whole, so
 the milliseconds of finalisation would buy nothing but a later result.
 
-Runs as ``python -I /holdfast/waiter.py FD``. Standard library only. A pipe closed
-with nothing in it (the host let the sandbox go unused) exits 0 without running
-anything.
+Its exit status also goes down a second pipe, written once stdout and stderr are
+flushed: the host reports the result then, instead of when bubblewrap has torn the
+sandbox down (a millisecond or more later), and kills what is left afterwards. The code
+can write to that pipe too (it is this process's fd), which only lets it lie about its
+own result, as printing and exiting can; the fd is not inherited by its children.
+
+Runs as ``python -I /holdfast/waiter.py CODE_FD STATUS_FD``. Standard library only. A
+pipe closed with nothing in it (the host let the sandbox go unused) exits 0 without
+running anything.
 """
 
 import atexit
@@ -44,10 +50,17 @@ def read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+_status_fd = -1
+
+
 def main(argv: list[str]) -> None:
+    global _status_fd
     data = read_all(int(argv[1]))
     if not data:
         os._exit(0)
+    if len(argv) > 2:
+        _status_fd = int(argv[2])
+        os.set_inheritable(_status_fd, False)
     header, _, code = data.partition(b"\n")
     for name, value in json.loads(header).items():
         # Lowering only: the sandbox was started with the reserve's ceilings, and an
@@ -97,6 +110,9 @@ def finish(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    if _status_fd >= 0:
+        with contextlib.suppress(OSError):
+            os.write(_status_fd, b"%d\n" % code)
     os._exit(code)
 
 

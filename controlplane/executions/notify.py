@@ -23,7 +23,8 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import connection
+
+from controlplane import pgnotify
 
 log = logging.getLogger("holdfast.executions")
 
@@ -31,7 +32,7 @@ CHANNEL = "holdfast_execution_results"
 
 
 def available() -> bool:
-    return settings.DATABASES["default"]["ENGINE"].endswith("postgresql") and settings.EXECUTION_RESULT_NOTIFY
+    return pgnotify.enabled() and settings.EXECUTION_RESULT_NOTIFY
 
 
 def publish(execution_id: str) -> None:
@@ -40,8 +41,7 @@ def publish(execution_id: str) -> None:
     if not available():
         return
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, str(execution_id)])
+        pgnotify.send(CHANNEL, str(execution_id))
     except Exception as exc:
         log.warning("event=result_notify_failed execution_id=%s error=%s", execution_id, exc.__class__.__name__)
 
@@ -88,7 +88,7 @@ class Listener:
         backoff = 0.1
         while not self._stop.is_set():
             try:
-                with psycopg.connect(autocommit=True, **_connect_params()) as conn:
+                with psycopg.connect(autocommit=True, **pgnotify.connect_params()) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._ready.set()
                     backoff = 0.1
@@ -108,13 +108,6 @@ class Listener:
         """Close the connection (a test database about to be dropped, a process ending)."""
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-def _connect_params() -> dict:
-    """What Django would connect with (the test runner's database, OPTIONS such as
-    ``sslmode`` included), less the objects only Django's own cursors use."""
-    params = connection.get_connection_params()
-    return {k: v for k, v in params.items() if k not in ("cursor_factory", "context") and v is not None}
 
 
 _listener: Listener | None = None

@@ -8,4 +8,4 @@ class HostsConfig(AppConfig):
     def ready(self) -> None:
         # Connects the Celery worker signals that install the snapshot publisher. Only a
         # worker process sends them; web and command processes are unaffected.
-        from controlplane.hosts import worker_signals  # noqa: F401
+        from controlplane.hosts import checks, worker_signals  # noqa: F401

@@ -15,7 +15,8 @@ import contextlib
 import logging
 
 from django.conf import settings
-from django.db import connections
+
+from controlplane import pgnotify
 
 from .steering import STEER_CHANNEL
 
@@ -69,20 +70,10 @@ class SteerHub:
     async def _listen(self) -> None:
         import psycopg
 
-        db = connections["default"].settings_dict
-        params = {
-            "dbname": db["NAME"],
-            "user": db["USER"] or None,
-            "password": db["PASSWORD"] or None,
-            "host": db["HOST"] or None,
-            "port": db["PORT"] or None,
-            **{k: v for k, v in (db.get("OPTIONS") or {}).items() if isinstance(v, str)},
-        }
+        params = pgnotify.connect_params()
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    autocommit=True, **{k: v for k, v in params.items() if v is not None}
-                )
+                conn = await psycopg.AsyncConnection.connect(autocommit=True, **params)
                 async with conn:
                     await conn.execute(f"LISTEN {STEER_CHANNEL}")
                     self._listening.set()

@@ -26,9 +26,11 @@ import re
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+
+from controlplane import pgnotify
 
 from .errors import BadAck, BadRequest, RunNotFound, RunTerminal, TooLarge
 from .models import Run, SteerMessage
@@ -66,9 +68,8 @@ def send(run_id: object, kind: str, body: str = "") -> SteerMessage:
 def notify(run_id: object) -> None:
     """Wake the polls parked for ``run_id`` once the current transaction commits
     (PostgreSQL delivers NOTIFY at commit). A no-op on SQLite: its polls are short."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [STEER_CHANNEL, str(run_id)])
+    if pgnotify.enabled():
+        pgnotify.send(STEER_CHANNEL, str(run_id))
 
 
 # --- serving the runner's poll --------------------------------------------------------

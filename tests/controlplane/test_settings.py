@@ -125,3 +125,31 @@ def test_check_deploy_runs_clean(clean_env, deploy):
 def test_the_procfile_web_line_runs_check_deploy():
     web = next(line for line in (ROOT / "Procfile").read_text().splitlines() if line.startswith("web:"))
     assert web.startswith("web: python manage.py check --deploy --fail-level WARNING && ")
+
+
+def test_runners_are_sent_to_the_runner_api_process_by_default(clean_env):
+    """A run's relay carries its job to HOLDFAST_CONTROL_PLANE_URL, so by default that is
+    the Procfile's runner-api process (the runner API and nothing else), not web with the
+    admin and the public API."""
+    procfile = (ROOT / "Procfile").read_text().splitlines()
+    runner_api = next(line for line in procfile if line.startswith("runner-api:"))
+    web = next(line for line in procfile if line.startswith("web:"))
+    port = re.search(r"HOLDFAST_RUNNER_API_PORT:-(\d+)", runner_api).group(1)
+    web_port = re.search(r"PORT:-(\d+)", web).group(1)
+    url = load()["RUNS_CONTROL_PLANE_URL"]
+    assert url.endswith(f":{port}") and not url.endswith(f":{web_port}")
+    assert "HOLDFAST_WEB_ROLE=runner-api" in runner_api
+
+
+def test_check_deploy_fails_when_the_required_isolation_is_lowered(settings):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    settings.SANDBOX_REQUIRED_ISOLATION = "insecure-rlimits"
+    with pytest.raises(SystemCheckError, match=r"holdfast\.W001"):
+        call_command("check", "--deploy", "--fail-level", "WARNING", "--tag", "security")
+    settings.SANDBOX_REQUIRED_ISOLATION = settings.SANDBOX_FULL_ISOLATION
+    try:
+        call_command("check", "--deploy", "--fail-level", "WARNING", "--tag", "security")
+    except SystemCheckError as exc:
+        assert "holdfast.W001" not in str(exc)

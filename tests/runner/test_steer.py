@@ -129,7 +129,7 @@ def test_a_steer_that_keeps_failing_is_dropped_after_3_attempts_and_the_interrup
             loop.iterate()  # the steer fails once
             plane.pending.append({"id": interrupt_id, "kind": "interrupt", "body": ""})
             loop.iterate()  # the steer fails again; the interrupt behind it lands at once
-            assert loop.applied == [("interrupt", interrupt_id)] and loop.to_drop == []
+            assert list(loop.applied) == [("interrupt", interrupt_id)] and loop.to_drop == []
             for _ in range(3):  # the requirement's number, not the constant: a third failure, then the report
                 loop.iterate()
         out, _ = child.communicate(timeout=30)
@@ -230,3 +230,23 @@ def test_the_loop_ends_when_the_run_is_terminal() -> None:
         loop = SteerLoop(client(server.url, clock), FailingInterrupt(), lambda t, d: None, sleep=clock.sleep)
         loop.run()
         assert len(server.requests) == 1
+
+
+def test_a_long_steered_runner_remembers_a_bounded_number_of_landed_ids():
+    """Each steer line that landed is remembered (a re-served one is not written twice),
+    but only the latest HANDLED_MEMORY: a run steered for weeks must not grow without
+    bound."""
+    from runner.steer import HANDLED_MEMORY
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfor _ in sys.stdin: pass"], stdin=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        actor = JobActor(child.pid, child.stdin.fileno())
+        for n in range(HANDLED_MEMORY + 50):
+            actor.steer(f"m{n}", b"x\n")
+        assert len(actor._landed) == HANDLED_MEMORY
+        assert "m0" not in actor._landed and f"m{HANDLED_MEMORY + 49}" in actor._landed
+    finally:
+        child.stdin.close()
+        child.wait(timeout=10)

@@ -116,6 +116,8 @@ def test_no_unix_socket_of_the_machine_is_reachable(host, tmp_path):
                 except OSError as exc:
                     print("refused", target, exc.__class__.__name__)
             """,
+            # Walking all of /usr (Chromium's included) on one CPU of a busy machine.
+            timeout_ms=60_000,
         )
     finally:
         ours.close()

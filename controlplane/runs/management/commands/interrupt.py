@@ -3,14 +3,15 @@ what to do with it; an interrupt never kills a job that ignores it (cancel_run d
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from controlplane.commands import HoldfastCommand
 from controlplane.runs.models import SteerMessage
 
 from .steer import send_from_command
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Interrupt a live run's job (SIGINT to its process group)."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -3,12 +3,13 @@ verifies progress notifications with (docs/operations.md, "Progress notification
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from controlplane.commands import HoldfastCommand
 from controlplane.runs import notifications
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Print an owner's notification signing secret (derived from HOLDFAST_NOTIFY_SIGNING_KEY)."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -6,12 +6,13 @@ to a beat is harmless: every write compare-and-sets against what its tick read.
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from controlplane.commands import HoldfastCommand
 from controlplane.runs import reconcile
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Run one reconcile tick (probe hosts, apply deadlines) and print a report."
 
     def add_arguments(self, parser: CommandParser) -> None:

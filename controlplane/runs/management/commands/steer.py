@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from controlplane.commands import HoldfastCommand
 from controlplane.runs import steering
 from controlplane.runs.errors import RunNotFound, RunsError, RunTerminal
 from controlplane.runs.models import SteerMessage
@@ -22,7 +23,7 @@ def send_from_command(run_id: str, kind: str, body: str = "") -> SteerMessage:
         raise CommandError(f"refused: {exc.message}") from None
 
 
-class Command(BaseCommand):
+class Command(HoldfastCommand):
     help = "Send a live run's job a steering message."
 
     def add_arguments(self, parser: CommandParser) -> None:
