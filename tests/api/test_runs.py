@@ -179,3 +179,16 @@ def test_a_message_for_an_ended_run_is_refused_409(api):
     answer = api.post(f"/runs/{run_id}/messages", {"kind": "interrupt"})
     assert answer.status_code == 409 and error(answer)["code"] == "run_terminal"
     assert SteerMessage.objects.count() == 0
+
+
+def test_no_log_line_carries_a_secret_or_a_key(api, caplog):
+    caplog.set_level("DEBUG")
+    run_id = _create(api)["id"]
+    api.post("/runs", {"job": JOB, "secrets": {"bad name": RUN_SECRET}})
+    api.post("/runs", {"job": {"kind": "shell"}, "secrets": {"API_TOKEN": RUN_SECRET}})
+    api.post(f"/runs/{run_id}/messages", {"kind": "steer", "body": "x"})
+    api.post(f"/runs/{run_id}/cancel")
+    api.get(f"/runs/{run_id}", key=api.key[:-3] + "xyz")
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert logged  # the requests above were logged (the 4xx at least), without these
+    assert RUN_SECRET not in logged and api.key not in logged and api.key[:-3] not in logged
