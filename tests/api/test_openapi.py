@@ -63,3 +63,25 @@ def test_a_response_that_breaks_the_description_is_caught():
         openapi_check.check("GET", "/api/v1/executions/x", 200, "application/json", json.dumps({"id": "x"}).encode())
     with pytest.raises(AssertionError, match="does not document"):
         openapi_check.check("GET", "/api/v1/executions/x", 418, "application/json", b"{}")
+
+
+@pytest.mark.parametrize(
+    ("schema", "fields"),
+    [
+        ("ExecutionCreate", "controlplane.api.executions_views:FIELDS"),
+        ("RunCreate", "controlplane.api.runs_views:RUN_FIELDS"),
+        ("MessageCreate", "controlplane.api.runs_views:MESSAGE_FIELDS"),
+    ],
+)
+def test_each_request_body_is_described_as_the_code_parses_it(schema, fields):
+    import importlib
+
+    module, name = fields.split(":")
+    parsed = getattr(importlib.import_module(module), name)
+    described = openapi_check.spec()["components"]["schemas"][schema]
+    assert set(described["properties"]) == set(parsed)
+    assert set(described.get("required", [])) == {k for k, f in parsed.items() if f.required}
+    assert described["additionalProperties"] is False  # unknown fields are refused
+    for key, field in parsed.items():
+        kind = openapi_check.resolve(described["properties"][key]).get("type")
+        assert kind == field.kind, (key, kind, field.kind)
