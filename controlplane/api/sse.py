@@ -144,32 +144,37 @@ async def handle(scope: dict, receive, send, run_id: str) -> None:
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     client = (scope.get("client") or ("",))[0] or ""
-    try:
-        if _Streams.open >= settings.API_SSE_MAX_STREAMS:
-            raise TooManyStreams(1)
-        run_pk, after = await _in_executor(_open)(
-            headers.get("authorization", ""),
-            client,
-            run_id,
-            headers.get("last-event-id"),
-            (query.get("after") or [None])[-1],
-        )
-    except Exception as exc:
-        response = translate(exc)
-        if response is None:
-            raise
-        await _send_response(send, response)
+    if _Streams.open >= settings.API_SSE_MAX_STREAMS:
+        await _send_response(send, TooManyStreams(1).response())
         return
+    # The slot is taken before the first await, so streams opening together cannot all
+    # pass the check above.
     _Streams.open += 1
-    gone = asyncio.Event()
-    watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, gone))
     try:
-        await _stream(send, run_pk, after, gone)
+        try:
+            run_pk, after = await _in_executor(_open)(
+                headers.get("authorization", ""),
+                client,
+                run_id,
+                headers.get("last-event-id"),
+                (query.get("after") or [None])[-1],
+            )
+        except Exception as exc:
+            response = translate(exc)
+            if response is None:
+                raise
+            await _send_response(send, response)
+            return
+        gone = asyncio.Event()
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, gone))
+        try:
+            await _stream(send, run_pk, after, gone)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
     finally:
         _Streams.open -= 1
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
 
 
 async def _stream(send, run_pk, after: int, gone: asyncio.Event) -> None:
