@@ -16,7 +16,7 @@ from controlplane.hosts import actions, snapshots
 from controlplane.hosts.models import DrainSource, SandboxHost, State
 from tests.timing import wait_until
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("owners")]
 
 URL = "/admin/hosts/sandboxhost/drain-status/"
 
