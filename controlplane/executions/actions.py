@@ -119,7 +119,7 @@ def sweep(now=None) -> dict[str, int]:
     )[:500]:
         run_execution.delay(str(pk))
         requeued += 1
-    interrupted = 0
+    interrupted: list[str] = []
     grace = timedelta(seconds=settings.EXECUTION_STALE_GRACE_S + settings.SANDBOX_RESULT_GRACE_S)
     for row in Execution.objects.filter(status=Status.RUNNING).only("pk", "started_at", "timeout_ms")[:500]:
         if row.started_at and row.started_at + timedelta(milliseconds=row.timeout_ms) + grace < now:
@@ -130,11 +130,12 @@ def sweep(now=None) -> dict[str, int]:
             )
             if swept:
                 notify.publish(str(row.pk))
-            interrupted += swept
+                interrupted.append(str(row.pk))
     if interrupted:
+        # Slots freed: nudges parked because their owners were at the cap go out again.
         from controlplane.executions.tasks import resend_parked
 
-        resend_parked(interrupted)
+        resend_parked(interrupted[0], count=len(interrupted))
     if requeued or interrupted:
-        log.info("event=executions_swept requeued=%d interrupted=%d", requeued, interrupted)
-    return {"requeued": requeued, "interrupted": interrupted}
+        log.info("event=executions_swept requeued=%d interrupted=%d", requeued, len(interrupted))
+    return {"requeued": requeued, "interrupted": len(interrupted)}

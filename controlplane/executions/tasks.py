@@ -142,17 +142,20 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
     if not recorded:
         log.warning("event=execution_result_not_recorded execution_id=%s reason=not_running", execution_id)
         return
-    resend_parked()
+    resend_parked(execution_id)
 
 
-def resend_parked(count: int = 1) -> int:
-    """An execution ended, so its owner may be back under its active cap: send again up
+def resend_parked(ended_id: str, count: int = 1) -> int:
+    """``ended_id`` ended, so its owner may be back under its active cap: send again up
     to ``count`` nudges that found only owners at their cap (dispatch.py). Best effort:
-    a nudge not sent now is sent by the sweep, which nudges for every stale queued row."""
+    a nudge not sent now is sent by the sweep, which nudges for every stale queued row.
+
+    The nudge names the ended row: a worker of the previous release, which claims the
+    row its message names, finds it taken and stops (it cannot parse an empty id)."""
     sent = 0
     try:
         while sent < count and dispatch.release_parked():
-            run_execution.delay("")
+            run_execution.delay(ended_id)
             sent += 1
     except DatabaseError:
         _drop_connection()
