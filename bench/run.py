@@ -278,6 +278,9 @@ def main() -> None:
     for folder in ("queue", "processed", "control"):
         (settings.VAR_DIR / "broker" / folder).mkdir(parents=True, exist_ok=True)
     call_command("migrate", verbosity=0, interactive=False)
+    from controlplane.owners.actions import ensure
+
+    ensure("bench")
     token = secrets.token_urlsafe(32)
     host = local.start_host(token, host_id="bench")
     rows: list[tuple[str, str, str, str]] = []

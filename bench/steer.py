@@ -172,6 +172,9 @@ def main() -> int:
         raise SystemExit("bench/steer.py needs DATABASE_URL=postgres://... (the long poll needs NOTIFY)")
     raise_nofile()
     call_command("migrate", verbosity=0)
+    from controlplane.owners.actions import ensure
+
+    ensure("bench")
     env = {"DJANGO_SETTINGS_MODULE": os.environ["DJANGO_SETTINGS_MODULE"], "PYTHONUNBUFFERED": "1"}
     wsgi_port, asgi_port = free_port(), free_port()
     wsgi = start(

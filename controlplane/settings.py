@@ -439,6 +439,17 @@ EXECUTION_PICKUP_WAIT_S = env_float("HOLDFAST_EXECUTION_PICKUP_WAIT_S", 30.0, mi
 OWNER_MAX_ACTIVE = env_int("HOLDFAST_OWNER_MAX_ACTIVE", 200, minimum=1)
 OWNER_MAX_QUEUED = env_int("HOLDFAST_OWNER_MAX_QUEUED", 2000, minimum=1)
 OWNER_MAX_LIVE_RUNS = env_int("HOLDFAST_OWNER_MAX_LIVE_RUNS", 50, minimum=1)
+# The whole deployment's capacity: executions queued across all owners. Beyond it every
+# submission is refused with at_capacity (503), whoever asks: 10,000 waiting rows is the
+# reference service's figure and already minutes of work for a fleet; a caller arriving
+# behind more would wait longer than execute() waits (its timeout + 60 s). Counted
+# without a global lock, so concurrent submits of different owners may pass it by at
+# most one each (docs/operations.md).
+EXECUTION_MAX_QUEUED_TOTAL = env_int("HOLDFAST_MAX_QUEUED_TOTAL", 10_000, minimum=1)
+# Seconds an execution may wait queued. Older, it is never run: it fails with the
+# queue_wait_exceeded text. 300 s is the reference service's figure; nobody still waits
+# for a snippet queued five minutes ago (execute() gives up at timeout + 60 s).
+EXECUTION_MAX_QUEUE_WAIT_S = env_float("HOLDFAST_EXECUTION_MAX_QUEUE_WAIT_S", 300.0, minimum=1.0)
 
 # --- Runs ----------------------------------------------------------------------------
 

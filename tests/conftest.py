@@ -46,3 +46,11 @@ def shared_dir():
     path.chmod(0o777)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def owners():
+    """The owners the suite's tests submit work for (tests/support/owners.py)."""
+    from tests.support.owners import create_suite_owners
+
+    return create_suite_owners()

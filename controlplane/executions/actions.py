@@ -1,6 +1,8 @@
 """State changes of an Execution. Every transition is a compare-and-set on the status,
 so a redelivered Celery message, a late result and an operator's cancel cannot
-overwrite each other."""
+overwrite each other. The claim (queued -> running) is made by the fair dispatcher
+(dispatch.py), which picks the row; admission (controlplane/owners/admission.py)
+guards creation."""
 
 from __future__ import annotations
 
@@ -8,17 +10,22 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from controlplane.executions import notify
+from controlplane.executions import dispatch, notify
 from controlplane.executions.models import Execution, Status
+from controlplane.owners import admission
 from controlplane.sandbox.outcome import CANCELLED, WORKER_LOST, Outcome
 
 log = logging.getLogger("holdfast.executions")
 
 
 def create(code: str, *, owner: str, timeout_s: float | None, memory_mb: int | None) -> Execution:
+    """A queued execution for ``owner``. Raises ValueError for bad input and an
+    OwnerError subclass (controlplane/owners/errors.py) when the owner is unknown,
+    disabled, over a cap, or the deployment is full."""
     timeout_s = settings.EXECUTION_DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
     memory_mb = settings.EXECUTION_DEFAULT_MEMORY_MB if memory_mb is None else int(memory_mb)
     if not isinstance(code, str) or not code.strip():
@@ -29,18 +36,12 @@ def create(code: str, *, owner: str, timeout_s: float | None, memory_mb: int | N
         raise ValueError(f"timeout_s must be in (0, {settings.EXECUTION_MAX_TIMEOUT_S:g}]")
     if not 32 <= memory_mb <= 16384:
         raise ValueError("memory_mb must be between 32 and 16384")
-    return Execution.objects.create(
-        owner=owner or "anonymous", code=code, timeout_ms=int(timeout_s * 1000), memory_mb=memory_mb
-    )
-
-
-def claim(execution_id: str, worker: str) -> bool:
-    """queued -> running. Exactly one claimant wins; a redelivered task finds 0 rows."""
-    return bool(
-        Execution.objects.filter(pk=execution_id, status=Status.QUEUED).update(
-            status=Status.RUNNING, started_at=timezone.now(), worker=worker[:200]
+    with transaction.atomic():
+        # The owner's row stays locked until this transaction commits (admission.py).
+        admitted = admission.admit_execution(owner)
+        return Execution.objects.create(
+            owner=admitted.name, code=code, timeout_ms=int(timeout_s * 1000), memory_mb=memory_mb
         )
-    )
 
 
 def finish(execution_id: str, outcome: Outcome) -> bool:
@@ -101,13 +102,16 @@ def sweep(now=None) -> dict[str, int]:
     """Repair what a crash left behind; both repairs are safe to repeat.
 
     * queued too long: its message may be lost (crash between commit and publish), so
-      publish again; the claim's compare-and-set makes a duplicate harmless;
+      publish a dispatch nudge again; the claim's compare-and-set makes a duplicate
+      harmless (a spare nudge dispatches one row that was queued anyway, or nothing);
+    * queued past EXECUTION_MAX_QUEUE_WAIT_S: never run, failed as queue_wait_exceeded;
     * running far past its timeout: its worker died (SIGKILL, power). It may have run on
       a host, so it is never re-sent: it is marked interrupted.
     """
     from controlplane.executions.tasks import run_execution
 
     now = now or timezone.now()
+    dispatch.expire_overdue(now)
     requeue_before = now - timedelta(seconds=settings.EXECUTION_REQUEUE_AFTER_S)
     requeued = 0
     for pk in Execution.objects.filter(status=Status.QUEUED, created_at__lt=requeue_before).values_list(
@@ -115,7 +119,7 @@ def sweep(now=None) -> dict[str, int]:
     )[:500]:
         run_execution.delay(str(pk))
         requeued += 1
-    interrupted = 0
+    interrupted: list[str] = []
     grace = timedelta(seconds=settings.EXECUTION_STALE_GRACE_S + settings.SANDBOX_RESULT_GRACE_S)
     for row in Execution.objects.filter(status=Status.RUNNING).only("pk", "started_at", "timeout_ms")[:500]:
         if row.started_at and row.started_at + timedelta(milliseconds=row.timeout_ms) + grace < now:
@@ -126,7 +130,12 @@ def sweep(now=None) -> dict[str, int]:
             )
             if swept:
                 notify.publish(str(row.pk))
-            interrupted += swept
+                interrupted.append(str(row.pk))
+    if interrupted:
+        # Slots freed: nudges parked because their owners were at the cap go out again.
+        from controlplane.executions.tasks import resend_parked
+
+        resend_parked(interrupted[0], count=len(interrupted))
     if requeued or interrupted:
-        log.info("event=executions_swept requeued=%d interrupted=%d", requeued, interrupted)
-    return {"requeued": requeued, "interrupted": interrupted}
+        log.info("event=executions_swept requeued=%d interrupted=%d", requeued, len(interrupted))
+    return {"requeued": requeued, "interrupted": len(interrupted)}

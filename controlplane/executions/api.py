@@ -72,7 +72,13 @@ def _is_cancelled(cancel: Cancel) -> bool:
 
 
 def submit(code: str, *, owner: str, timeout_s: float | None = None, memory_mb: int | None = None) -> uuid.UUID:
-    """Queue ``code`` and return the execution id; a Celery task runs it after commit."""
+    """Queue ``code`` for ``owner`` (an owner's name) and return the execution id.
+
+    Raises ValueError for bad input, and an OwnerError subclass
+    (controlplane/owners/errors.py: ``.code``, ``.http_status``, ``.retry_after_s``) for
+    an unknown or disabled owner, an owner over a cap, or a full deployment. After
+    commit a Celery message nudges a worker to dispatch one slot; which queued
+    execution that slot runs is decided by the fair rule (dispatch.py)."""
     from django.db import transaction
 
     from controlplane.executions import actions
@@ -80,7 +86,8 @@ def submit(code: str, *, owner: str, timeout_s: float | None = None, memory_mb: 
 
     with transaction.atomic():
         row = actions.create(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
-        # Publish only once the row is visible to the worker that will claim it.
+        # Publish only once the row is visible to the worker that will claim it. One
+        # nudge per accepted row: as many dispatches as there is work.
         transaction.on_commit(lambda: run_execution.delay(str(row.pk)))
     return row.pk
 

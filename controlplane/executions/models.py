@@ -46,7 +46,12 @@ class Execution(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["status", "created_at"])]
+        indexes = [
+            models.Index(fields=["status", "created_at"]),
+            # Fair dispatch and admission: the owners with queued work, one owner's oldest
+            # queued row, and one owner's running or queued count (dispatch.py, admission.py).
+            models.Index(fields=["status", "owner", "created_at"], name="execution_status_owner"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.id} ({self.status})"
@@ -54,3 +59,20 @@ class Execution(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
+
+
+class DispatchTurn(models.Model):
+    """The one row every worker locks to decide which queued execution runs next
+    (controlplane/executions/dispatch.py). Whose turn it is, how many dispatches that
+    owner has had in this turn, and how many dispatch nudges found only owners at their
+    active cap (each is sent again when an execution ends)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    owner = models.CharField(max_length=200, blank=True, default="")
+    used = models.PositiveIntegerField(default=0)
+    parked = models.PositiveIntegerField(default=0)
+    # Dispatches ever made: a liveness figure an operator can read with one query.
+    dispatched = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"turn of {self.owner or '-'} ({self.used} used, {self.parked} parked)"

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from controlplane.commands import first_line
-from controlplane.executions import actions
+from controlplane.executions import actions, dispatch
 from controlplane.executions.models import Execution
 from controlplane.sandbox import outcome as texts
 from controlplane.sandbox.outcome import ExecRequest, Outcome
@@ -41,18 +41,23 @@ TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
 
 
 @shared_task(name="controlplane.executions.tasks.run_execution", acks_late=True, bind=True, max_retries=None)
-def run_execution(self, execution_id: str) -> None:
-    # Claim before anything is sent: a redelivered message finds the row taken and stops.
+def run_execution(self, execution_id: str = "") -> None:
+    """Dispatch one slot: claim the next queued execution by the fair rule (dispatch.py)
+    and run it. ``execution_id`` is the row whose submission sent this nudge, kept for
+    the log and for messages of the previous release; it is not necessarily the row that
+    runs. Every message still claims at most one row, by compare-and-set, before
+    anything is sent: a redelivered one can never send a row twice."""
     try:
-        claimed = actions.claim(execution_id, worker=f"{socket.gethostname()} pid={os.getpid()}")
+        claimed = dispatch.claim_next(worker=f"{socket.gethostname()} pid={os.getpid()}")
     except TRANSIENT_DB_ERRORS as exc:
         # The database is unreachable or (SQLite) locked: nothing was claimed or sent, so
         # trying again later is safe. Without this the message would be acked and lost.
         _drop_connection()
         raise self.retry(exc=exc, countdown=min(2**self.request.retries, CLAIM_RETRY_MAX_S)) from None
-    if not claimed:
-        log.info("event=execution_claim_lost execution_id=%s", execution_id)
+    if claimed is None:
+        log.info("event=execution_nothing_to_dispatch nudged_by=%s", execution_id)
         return
+    execution_id = claimed
     row = _with_db_patience(lambda: Execution.objects.only("code", "timeout_ms", "memory_mb").get(pk=execution_id))
     cancel = _cancel_check(execution_id)
     outcome = get_pool().run(
@@ -136,6 +141,25 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
         recorded = _with_db_patience(lambda: actions.finish(execution_id, refused), attempts=attempts)
     if not recorded:
         log.warning("event=execution_result_not_recorded execution_id=%s reason=not_running", execution_id)
+        return
+    resend_parked(execution_id)
+
+
+def resend_parked(ended_id: str, count: int = 1) -> int:
+    """``ended_id`` ended, so its owner may be back under its active cap: send again up
+    to ``count`` nudges that found only owners at their cap (dispatch.py). Best effort:
+    a nudge not sent now is sent by the sweep, which nudges for every stale queued row.
+
+    The nudge names the ended row: a worker of the previous release, which claims the
+    row its message names, finds it taken and stops (it cannot parse an empty id)."""
+    sent = 0
+    try:
+        while sent < count and dispatch.release_parked():
+            run_execution.delay(ended_id)
+            sent += 1
+    except DatabaseError:
+        _drop_connection()
+    return sent
 
 
 def _drop_connection() -> None:

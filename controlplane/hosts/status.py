@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from controlplane.hosts import probe_log, snapshots
 from controlplane.hosts.models import SandboxHost, State
+from controlplane.owners import usage
 
 
 @dataclass
@@ -172,6 +173,8 @@ def build(*, now: datetime | None = None) -> dict:
         "max_age_s": max_age_s,
         "workers": sorted(s["worker"] for s in snaps),
         "hosts": [asdict(v) for v in hosts],
+        # Per owner: running, queued, and the last minute's rate (owners/usage.py).
+        "owners": usage.by_owner(now=now),
     }
 
 

@@ -23,6 +23,8 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from controlplane.owners import admission
+
 from . import credentials, notifications, receipts
 from .errors import (
     BatchKeyConflict,
@@ -52,15 +54,21 @@ logger = logging.getLogger(__name__)
 def create_run(owner: str, job: dict, secrets: dict[str, str] | None = None, *, callback_url: str = "") -> Run:
     """A queued run. It has no key yet: the launch key is minted when a task claims it
     (``claim_for_launch``), so nothing secret exists before a host is about to need it.
+    Raises BadRequest for a malformed job, and an OwnerError subclass
+    (controlplane/owners/errors.py) for an unknown or disabled owner or one at its cap.
     ``callback_url`` receives a signed progress notification on every terminal
     transition (notifications.py)."""
-    return Run.objects.create(
-        owner=validate_owner(owner),
-        job=validate_job(job),
-        secrets=validate_secrets(secrets or {}),
-        token_salt=credentials.new_salt(),
-        callback_url=notifications.validate_callback_url(callback_url),
-    )
+    owner = validate_owner(owner)
+    job = validate_job(job)
+    secrets = validate_secrets(secrets or {})
+    callback_url = notifications.validate_callback_url(callback_url)
+    with transaction.atomic():
+        # Refuses an unknown or disabled owner and one at its live-run cap (OwnerError);
+        # the owner's row stays locked until the run is committed (owners/admission.py).
+        admission.admit_run(owner)
+        return Run.objects.create(
+            owner=owner, job=job, secrets=secrets, token_salt=credentials.new_salt(), callback_url=callback_url
+        )
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def test_postgresql_stores_and_returns_nul_and_the_prefix_unchanged():
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_nul_and_binary_output_is_stored_and_given_back(sandbox_token):
+def test_nul_and_binary_output_is_stored_and_given_back(sandbox_token, owners):
     from controlplane.executions.api import submit
     from controlplane.executions.models import Execution
 
@@ -64,7 +64,7 @@ def test_nul_and_binary_output_is_stored_and_given_back(sandbox_token):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_result_the_database_refuses_becomes_failed_with_a_clear_error(sandbox_token):
+def test_a_result_the_database_refuses_becomes_failed_with_a_clear_error(sandbox_token, owners):
     """A host id longer than the column (varchar 64) makes PostgreSQL refuse the result
     with DataError on every attempt: the row must not stay running."""
     from controlplane.executions.api import submit

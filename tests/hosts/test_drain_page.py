@@ -16,7 +16,7 @@ from controlplane.hosts import actions, snapshots
 from controlplane.hosts.models import DrainSource, SandboxHost, State
 from tests.timing import wait_until
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("owners")]
 
 URL = "/admin/hosts/sandboxhost/drain-status/"
 
@@ -208,3 +208,29 @@ def test_the_page_shows_how_many_sandboxes_each_host_keeps_prepared(client):
     data = client.get(URL + "?format=json").json()
     assert {h["name"]: h["reserve"] for h in data["hosts"]} == {"h1": 4, "h2": None}
     assert '<dd data-field="reserve">4</dd>' in data["html"]
+
+
+def test_the_page_shows_each_owners_active_queued_and_last_minute_rate(client):
+    from controlplane.executions.models import Execution
+    from controlplane.owners.models import Owner
+
+    staff(client)
+    Owner.objects.create(name="busy", weight=3, max_active=2)
+    now = timezone.now()
+
+    def rows(owner, status, n, **fields):
+        Execution.objects.bulk_create(
+            Execution(owner=owner, code="x", timeout_ms=1000, memory_mb=64, status=status, **fields) for _ in range(n)
+        )
+
+    rows("busy", "running", 2)
+    rows("busy", "queued", 5)
+    rows("busy", "succeeded", 4, finished_at=now - timedelta(seconds=10))
+    rows("t", "succeeded", 1, finished_at=now - timedelta(minutes=5))  # outside the minute
+    Execution.objects.filter(owner="t").update(created_at=now - timedelta(minutes=6))
+    data = client.get(URL + "?format=json").json()
+    assert data["owners"] == [
+        {"name": "busy", "weight": 3, "active": 2, "queued": 5, "submitted_last_minute": 11,
+         "finished_last_minute": 4, "max_active": 2, "max_queued": 2000},
+    ]  # fmt: skip
+    assert 'data-owner="busy"' in data["html"] and "at its cap" in data["html"]

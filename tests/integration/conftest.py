@@ -14,6 +14,7 @@ from django.conf import settings
 
 from controlplane.runs.models import Run, RunEvent
 from tests.support.host import HostProcess, start_host
+from tests.support.owners import use_in_database_tests
 from tests.support.worker import WorkerProcess, start_worker
 
 from .support import stop_runs
@@ -74,3 +75,9 @@ def assert_events_exactly_once(run: Run, lines: int) -> list[int]:
     assert RunEvent.objects.filter(run=run, type="result").count() == 1
     assert RunEvent.objects.filter(run=run).last().type == "result"
     return seqs
+
+
+@pytest.fixture(autouse=True)
+def _suite_owners(request):
+    """Every test here may create runs for the suite's owners (tests/support/owners.py)."""
+    use_in_database_tests(request)

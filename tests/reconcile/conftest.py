@@ -17,6 +17,7 @@ from controlplane.runs import actions
 from controlplane.runs.models import Run, RunEvent, RunNotification, RunStatus
 from tests.integration.support import free_port, stop_runs
 from tests.runs.conftest import JOB, SECRET, RunnerCalls
+from tests.support.owners import use_in_database_tests
 
 from .hosts import TOKEN, RestartableHost
 
@@ -92,3 +93,9 @@ def assert_still_running_with_keys(placed: Placed) -> None:
     assert run.key_revoked_at is None and run.secrets == {"API_TOKEN": SECRET}
     assert placed.keys_live()
     assert not RunNotification.objects.filter(run_id=placed.run_id).exists()
+
+
+@pytest.fixture(autouse=True)
+def _suite_owners(request):
+    """Every test here may create runs for the suite's owners (tests/support/owners.py)."""
+    use_in_database_tests(request)

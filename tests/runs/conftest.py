@@ -10,6 +10,7 @@ import pytest
 from django.test import Client
 
 from controlplane.runs import actions
+from tests.support.owners import use_in_database_tests
 
 SECRET = "s3cr3t-value-for-the-job"
 JOB = {"kind": "shell", "command": "echo hi", "inputs": {"GREETING": "hello"}, "timeout_s": 60}
@@ -69,3 +70,9 @@ def running(client):
     calls.token = answer.json()["session_token"]
     calls.launch_key = key
     return calls
+
+
+@pytest.fixture(autouse=True)
+def _suite_owners(request):
+    """Every test here may create runs for the suite's owners (tests/support/owners.py)."""
+    use_in_database_tests(request)

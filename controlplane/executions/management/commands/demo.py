@@ -29,11 +29,13 @@ class Command(HoldfastCommand):
 
     def handle(self, *args, **options) -> None:
         from controlplane.executions.api import execute
+        from controlplane.owners.actions import ensure
         from controlplane.sandbox import local
 
         for folder in ("queue", "processed", "control"):
             (settings.VAR_DIR / "broker" / folder).mkdir(parents=True, exist_ok=True)
         call_command("migrate", verbosity=0, interactive=False)
+        ensure("demo")  # every execution belongs to an owner (docs/operations.md)
         db = settings.DATABASES["default"]
         self.stdout.write(f"database: {db['ENGINE'].rsplit('.', 1)[-1]} {db['NAME']}")
         self.stdout.write(f"broker:   {settings.CELERY_BROKER_URL}")

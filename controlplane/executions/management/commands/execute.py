@@ -17,6 +17,7 @@ EXIT_TIMED_OUT = 124
 EXIT_CANCELLED = 130
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: it may have run; look before retrying
 EXIT_SYSTEM = 70  # EX_SOFTWARE
+DEFAULT_OWNER = "cli"
 
 
 class Command(HoldfastCommand):
@@ -26,7 +27,9 @@ class Command(HoldfastCommand):
         source = parser.add_mutually_exclusive_group(required=True)
         source.add_argument("--code", help="the snippet")
         source.add_argument("--file", help="a file holding the snippet ('-' for stdin)")
-        parser.add_argument("--owner", default="cli")
+        # Without --owner the operator's own owner "cli" is used (and created); a named
+        # owner must exist and be active.
+        parser.add_argument("--owner", default=None)
         parser.add_argument("--timeout", type=float, default=None, help="seconds")
         parser.add_argument("--memory", type=int, default=None, help="MiB")
         parser.add_argument(
@@ -38,6 +41,11 @@ class Command(HoldfastCommand):
 
     def handle(self, *args, **options) -> None:
         from controlplane.executions.api import execute
+        from controlplane.owners.actions import ensure
+
+        owner = options["owner"]
+        if owner is None:
+            owner = ensure(DEFAULT_OWNER).name
 
         if options["code"] is not None:
             code = options["code"]
@@ -51,12 +59,12 @@ class Command(HoldfastCommand):
         try:
             result = execute(
                 code,
-                owner=options["owner"],
+                owner=owner,
                 timeout_s=options["timeout"],
                 memory_mb=options["memory"],
                 pickup_wait_s=options["pickup_wait"],
             )
-        except ValueError as exc:
+        except ValueError as exc:  # bad input, and OwnerError (unknown, disabled, over a cap)
             raise CommandError(str(exc)) from None
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)

@@ -90,6 +90,7 @@ class Command(HoldfastCommand):
 
     def handle(self, *args, max_age: float, longest: float, margin: float, **options) -> None:
         from controlplane.hosts import actions
+        from controlplane.owners.actions import ensure
         from controlplane.sandbox import local
         from controlplane.sandbox.balancer import TcpBalancer
 
@@ -107,6 +108,7 @@ class Command(HoldfastCommand):
         token = secrets.token_urlsafe(32)
         children: dict[str, local.Child] = {}
         worker = None
+        ensure("demo-deploy")  # every execution belongs to an owner
         stream = Stream(longest)
         cut = -1
         balancer = TcpBalancer().start()

@@ -9,9 +9,13 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
 from controlplane.commands import HoldfastCommand
+from controlplane.owners.actions import ensure
+from controlplane.owners.errors import OwnerError
 from controlplane.runs import actions
 from controlplane.runs.errors import RunsError
 from controlplane.runs.tasks import enqueue_launch
+
+DEFAULT_OWNER = "operator"
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -28,8 +32,9 @@ class Command(HoldfastCommand):
     help = "Create a run and launch it; prints the run id."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        # Whose receipt chain the run joins; an operator's runs share one by default.
-        parser.add_argument("--owner", default="operator")
+        # Whose receipt chain the run joins; an operator's runs share one by default
+        # ("operator", created if missing). A named owner must exist and be active.
+        parser.add_argument("--owner", default=None)
         code = parser.add_mutually_exclusive_group(required=True)
         code.add_argument("--shell", help="a shell command")
         code.add_argument("--python-file", type=Path, help="a Python file to run")
@@ -52,12 +57,17 @@ class Command(HoldfastCommand):
         job["inputs"] = _pairs(options["input"], "--input")
         if options["timeout"] is not None:
             job["timeout_s"] = options["timeout"]
+        owner = options["owner"]
+        if owner is None:
+            owner = ensure(DEFAULT_OWNER).name
         try:
             with transaction.atomic():
                 run = actions.create_run(
-                    options["owner"], job, _pairs(options["secret"], "--secret"), callback_url=options["callback_url"]
+                    owner, job, _pairs(options["secret"], "--secret"), callback_url=options["callback_url"]
                 )
                 enqueue_launch(run.id)
         except RunsError as exc:
             raise CommandError(exc.message) from None
+        except OwnerError as exc:
+            raise CommandError(str(exc)) from None
         self.stdout.write(str(run.id))

@@ -1,0 +1,73 @@
+"""Admission: whether an owner may add work now. Called inside the transaction that
+creates the execution or run, so the owner's lock is held until the row is committed.
+
+Rules (docs/operations.md, "Owners, fairness and caps"):
+
+* An unknown or disabled owner is refused (``UnknownOwner``, ``OwnerDisabled``).
+* An execution is refused with ``OwnerLimit`` (429) when its owner already has
+  ``max_active`` executions running (the next one would be one too many at once) or
+  ``max_queued`` waiting; a run when its owner has ``max_live_runs`` runs not yet ended.
+* An execution is refused with ``AtCapacity`` (503) when the whole deployment has
+  ``EXECUTION_MAX_QUEUED_TOTAL`` executions waiting, whoever asks.
+
+Race safety: the owner's row is locked (``SELECT ... FOR UPDATE``) before anything is
+counted, and its state (active flag, caps) is read from the row the lock returned,
+i.e. after the wait, never from a look-up made before it. Two submits of one owner
+therefore count one after the other, and an owner's caps are exact. The deployment's
+total is counted under no global lock (that would serialize every submit of every
+owner): concurrent submits of different owners may each pass it, so it can be exceeded
+by at most the number of submits in flight at that moment, less one. On SQLite every
+write transaction is serialized anyway, so there both are exact.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import transaction
+
+from controlplane.owners.actions import caps
+from controlplane.owners.errors import AtCapacity, OwnerDisabled, OwnerLimit, UnknownOwner
+from controlplane.owners.models import Owner
+
+
+def _locked_owner(name: str) -> Owner:
+    """The owner called ``name``, locked for this transaction and read after the lock."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("admission must run inside the transaction that creates the work")
+    owner = Owner.objects.select_for_update().filter(name=name).first() if isinstance(name, str) and name else None
+    if owner is None:
+        raise UnknownOwner(str(name))
+    if not owner.is_active:
+        raise OwnerDisabled(owner.name)
+    return owner
+
+
+def admit_execution(name: str) -> Owner:
+    """Lock ``name`` and check it may queue one more execution; raises an OwnerError."""
+    from controlplane.executions.models import Execution, Status
+
+    owner = _locked_owner(name)
+    limits = caps(owner)
+    mine = Execution.objects.filter(owner=owner.name)
+    active = mine.filter(status=Status.RUNNING).count()
+    if active >= limits.max_active:
+        raise OwnerLimit(f"owner {owner.name!r} has {active} executions running; its cap is {limits.max_active}")
+    queued = mine.filter(status=Status.QUEUED).count()
+    if queued >= limits.max_queued:
+        raise OwnerLimit(f"owner {owner.name!r} has {queued} executions queued; its cap is {limits.max_queued}")
+    total = Execution.objects.filter(status=Status.QUEUED).count()
+    if total >= settings.EXECUTION_MAX_QUEUED_TOTAL:
+        raise AtCapacity(f"{total} executions queued; the deployment's cap is {settings.EXECUTION_MAX_QUEUED_TOTAL}")
+    return owner
+
+
+def admit_run(name: str) -> Owner:
+    """Lock ``name`` and check it may start one more run; raises an OwnerError."""
+    from controlplane.runs.models import LIVE_STATUSES, Run
+
+    owner = _locked_owner(name)
+    limit = caps(owner).max_live_runs
+    live = Run.objects.filter(owner=owner.name, status__in=LIVE_STATUSES).count()
+    if live >= limit:
+        raise OwnerLimit(f"owner {owner.name!r} has {live} runs not yet ended; its cap is {limit}")
+    return owner
