@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
 
-from sandbox_host import protocol as _protocol
+from holdfast_wire import protocol as _protocol
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Embedded state (SQLite file, filesystem broker, file cache) lives here, never in the

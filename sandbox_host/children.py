@@ -27,8 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from holdfast_wire.protocol import MAX_OUTPUT_BYTES, truncate_output
+
 from . import defaults, sandbox, seccomp_policy
-from .protocol import MAX_OUTPUT_BYTES, truncate_output
 
 if TYPE_CHECKING:
     from .isolation import Isolation

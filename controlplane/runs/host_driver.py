@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import websocket
 
 from controlplane.sandbox import wsclient
-from sandbox_host import protocol
+from holdfast_wire import protocol
 
 from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable, SandboxProbe
 

@@ -24,7 +24,7 @@ import websocket
 
 from controlplane.sandbox import wsclient
 from controlplane.sandbox.outcome import ExecRequest
-from sandbox_host import protocol
+from holdfast_wire import protocol
 
 log = logging.getLogger("holdfast.pool")
 

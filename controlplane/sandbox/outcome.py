@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 
 # Texts are part of the product: operators grep for them and services match on status.
 CANCELLED = "Execution cancelled"

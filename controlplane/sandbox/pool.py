@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from controlplane.sandbox import outcome as texts
 from controlplane.sandbox.connection import CLOSED, OPEN, RETIRING, ConnectFailed, HostConnection, Pending
 from controlplane.sandbox.outcome import RESULT_STATUSES, ExecRequest, Outcome
-from sandbox_host import protocol
+from holdfast_wire import protocol
 
 log = logging.getLogger("holdfast.pool")
 

@@ -17,7 +17,7 @@ from typing import Any
 import websocket
 from websocket._abnf import continuous_frame, frame_buffer
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 
 # Largest message accepted from a host, in bytes: the largest a host sends.
 MAX_RECEIVE_BYTES = protocol.MAX_RESULT_FRAME_BYTES

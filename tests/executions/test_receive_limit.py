@@ -13,7 +13,7 @@ from websockets.sync.server import serve
 
 from controlplane.sandbox.connection import HostConnection
 from controlplane.sandbox.outcome import ExecRequest
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.timing import scaled
 
 

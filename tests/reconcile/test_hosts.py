@@ -249,7 +249,7 @@ def scripted_host(statuses: dict[str, dict]) -> Iterator[str]:
     and answers every ``probe_runs`` with ``statuses``."""
     from websockets.sync.server import serve
 
-    from sandbox_host import protocol
+    from holdfast_wire import protocol
 
     def handler(conn) -> None:
         conn.recv()  # auth

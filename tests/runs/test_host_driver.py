@@ -16,7 +16,7 @@ from websockets.sync.server import serve
 from controlplane.runs import launcher
 from controlplane.runs.host_driver import WebSocketLaunchDriver
 from controlplane.runs.launcher import LaunchRequest, LaunchUnavailable
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.integration.support import free_port, stop_runs
 from tests.support.host import connect, new_id, recv_frame, send_frame, start_host
 from tests.timing import scaled

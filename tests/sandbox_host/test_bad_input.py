@@ -10,7 +10,7 @@ import struct
 import pytest
 import websocket
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.support.host import connect, execute, recv_frame, send_frame
 from tests.timing import scaled
 

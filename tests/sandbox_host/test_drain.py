@@ -8,7 +8,7 @@ import socket
 
 import websocket
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.support.host import connect, execute, new_id, recv_frame, send_frame, start_host
 from tests.timing import scaled, wait_until
 

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from sandbox_host.sandbox import EXECUTION_ENV
 from tests.support.host import (
     SHARED_LEVEL,

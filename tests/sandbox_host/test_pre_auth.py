@@ -8,7 +8,7 @@ import re
 import socket
 import time
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.support.host import connect, execute, start_host
 from tests.timing import scaled, wait_until
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from controlplane.sandbox import wsclient
-from sandbox_host import protocol as p
+from holdfast_wire import protocol as p
 from tests.support.host import new_id, recv_frame, send_frame, start_host
 from tests.timing import scaled
 

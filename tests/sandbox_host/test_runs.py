@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.integration.support import stop_runs
 from tests.runner.servers import Recorded, Reply, scripted_server
 from tests.support.host import connect, recv_frame, send_frame, start_host

@@ -16,7 +16,7 @@ from controlplane.runs.host_driver import WebSocketLaunchDriver
 from controlplane.runs.launcher import LaunchRequest, LaunchUnavailable
 from controlplane.sandbox.outcome import ExecRequest
 from controlplane.sandbox.pool import SandboxPool
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.executions.test_pool import BASE
 from tests.integration.support import stop_runs
 from tests.support.host import start_host

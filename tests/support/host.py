@@ -22,7 +22,7 @@ from pathlib import Path
 
 import websocket
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
