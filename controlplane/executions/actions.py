@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from controlplane.executions import notify
 from controlplane.executions.models import Execution, Status
-from controlplane.sandbox.outcome import CANCELLED, WORKER_LOST, Outcome
+from controlplane.pool.outcome import CANCELLED, WORKER_LOST, Outcome
 
 log = logging.getLogger("holdfast.executions")
 

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controlplane.sandbox.outcome import CANCELLED, NO_WORKER
+from controlplane.pool.outcome import CANCELLED, NO_WORKER
 
 # The caller's wait beyond the execution's own timeout: queueing, connecting, moves.
 WAIT_MARGIN_S = 60.0

@@ -16,9 +16,9 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from controlplane.commands import first_line
 from controlplane.executions import actions
 from controlplane.executions.models import Execution
-from controlplane.sandbox import outcome as texts
-from controlplane.sandbox.outcome import ExecRequest, Outcome
-from controlplane.sandbox.pool import get_pool
+from controlplane.pool import outcome as texts
+from controlplane.pool.outcome import ExecRequest, Outcome
+from controlplane.pool.pool import get_pool
 
 log = logging.getLogger("holdfast.executions")
 

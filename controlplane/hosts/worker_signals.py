@@ -17,7 +17,7 @@ log = logging.getLogger("holdfast.hosts")
 
 def _install() -> None:
     from controlplane.hosts import publisher
-    from controlplane.sandbox.pool import get_pool
+    from controlplane.pool.pool import get_pool
 
     publisher.install(get_pool())
 

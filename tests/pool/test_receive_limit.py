@@ -9,12 +9,15 @@ import threading
 import uuid
 from collections.abc import Iterator
 
+import pytest
 from websockets.sync.server import serve
 
-from controlplane.sandbox.connection import HostConnection
-from controlplane.sandbox.outcome import ExecRequest
+from controlplane.pool.connection import HostConnection
+from controlplane.pool.outcome import ExecRequest
 from holdfast_wire import protocol
 from tests.timing import scaled
+
+pytestmark = pytest.mark.peer
 
 
 @contextlib.contextmanager

@@ -31,7 +31,6 @@ WORKER_LOST = "Code execution was interrupted because its worker stopped while i
 # fails with exactly this text when its connection drops.
 INTERRUPTED = "Code execution was interrupted because the connection to its sandbox host closed"
 
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "interrupted"})
 # What a host may report for an execution it ran (the rest are the pool's own verdicts).
 RESULT_STATUSES = protocol.RESULT_STATUSES
 
