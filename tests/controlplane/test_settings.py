@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+pytestmark = pytest.mark.peer
+
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = ROOT / "controlplane" / "settings.py"
 PARSED = re.findall(r'env_(?:float|int|bool)\(\s*"([A-Z_]+)"', SETTINGS.read_text())

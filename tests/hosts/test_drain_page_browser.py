@@ -20,7 +20,7 @@ from tests.support.host import start_host
 from tests.support.worker import start_worker
 from tests.timing import scaled
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.peer]
 
 ROOT = Path(__file__).resolve().parents[2]
 # CI must not leave the tree modified: the screenshot goes under var/ unless asked to

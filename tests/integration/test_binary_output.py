@@ -14,7 +14,7 @@ from tests.timing import wait_until
 from .conftest import launching_worker, stdout_lines
 from .support import run_log, start_web
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 JOB = "import sys\nsys.stdout.buffer.write(b'a\\x00b\\xffc\\n')\nprint('after')\n"
 

@@ -17,7 +17,7 @@ from tests.timing import wait_until
 from .conftest import counting_job, launching_worker
 from .support import run_log, start_web
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 QUOTA = 20
 LINES = 120

@@ -19,7 +19,7 @@ from tests.timing import wait_until
 from .conftest import assert_events_exactly_once, counting_job, launching_worker, stdout_lines
 from .support import run_log, start_web, wait_seconds
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 # The outage the issue names: the web process stays dead this long.
 DOWN_S = 20

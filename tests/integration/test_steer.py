@@ -19,7 +19,7 @@ from .conftest import launching_worker, stdout_lines
 from .steer_support import CuttingProxy, start_asgi_web
 from .support import run_log, wait_seconds
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 # A job that counts the SIGINTs it gets (it never dies of one), echoes each steering line,
 # and ends a second after the steer "stop", printing its total.

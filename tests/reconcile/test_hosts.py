@@ -32,7 +32,7 @@ from tests.timing import scaled, wait_until
 
 from .hosts import HOST_ID, TOKEN, RestartableHost
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.peer]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_one_probe_frame_per_thousand_runs_on_one_connection_answers_every_run(d
 def test_behind_a_balancer_the_prober_dials_until_it_has_found_every_host(tmp_path):
     """One address (a balancer) in front of two hosts: the prober dials it again until
     both hosts answered for their own runs, each once."""
-    from controlplane.sandbox.balancer import TcpBalancer
+    from holdfast_devtools.balancer import TcpBalancer
 
     first = RestartableHost(tmp_path / "a", free_port(), "lb-host-a")
     second = RestartableHost(tmp_path / "b", free_port(), "lb-host-b")

@@ -9,8 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.support import free_port
 from tests.support.host import ROOT, HostProcess
+
+pytestmark = pytest.mark.peer
 
 
 def _host_line() -> str:

@@ -21,6 +21,8 @@ from tests.integration.support import free_port, stop_runs
 from tests.support.host import connect, new_id, recv_frame, send_frame, start_host
 from tests.timing import scaled
 
+pytestmark = pytest.mark.peer
+
 TOKEN = "hf-driver-test-" + uuid.uuid4().hex
 # Nothing listens here: a launched runner retries in the background until stop_runs.
 CONTROL_PLANE = "http://127.0.0.1:9"

@@ -16,6 +16,8 @@ from tests.timing import scaled
 
 from .conftest import TOKEN, closed_by_peer, handshake_request
 
+pytestmark = pytest.mark.peer
+
 
 def close_code(ws: websocket.WebSocket) -> int | None:
     """Read frames until the peer's close frame and return its code."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import websocket
 
 from holdfast_wire import protocol
@@ -14,6 +15,8 @@ from tests.timing import scaled, wait_until
 
 from .conftest import TOKEN
 from .test_bad_input import close_code
+
+pytestmark = pytest.mark.peer
 
 
 def _refuses_connections(port: int) -> bool:

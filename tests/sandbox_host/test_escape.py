@@ -46,6 +46,8 @@ from .conftest import TOKEN
 from .test_reserve import waiting_sandboxes
 from .test_runs import KEY, ControlPlane
 
+pytestmark = pytest.mark.peer
+
 POSTGRES_SOCKET = "/run/postgresql/.s.PGSQL.5432"
 
 

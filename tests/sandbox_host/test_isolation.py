@@ -32,6 +32,8 @@ from tests.timing import scaled, wait_until
 
 from .conftest import TOKEN
 
+pytestmark = pytest.mark.peer
+
 # Reads every place a child might find the host's environment and prints what it got.
 SNOOP = textwrap.dedent(
     """

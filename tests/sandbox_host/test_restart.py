@@ -26,6 +26,8 @@ from tests.timing import wait_until
 from .conftest import TOKEN
 from .test_runs import ControlPlane, _launch, _probe
 
+pytestmark = pytest.mark.peer
+
 
 @pytest.fixture
 def state_dir(tmp_path):

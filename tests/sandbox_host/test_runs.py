@@ -23,6 +23,8 @@ from tests.timing import scaled, wait_until
 
 from .conftest import TOKEN
 
+pytestmark = pytest.mark.peer
+
 KEY = "hfl_run-key-" + uuid.uuid4().hex
 
 
