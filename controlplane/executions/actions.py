@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
-from controlplane.executions import notify
+from controlplane.executions import dispatch, notify
 from controlplane.executions.models import Execution, Status
 from controlplane.pool.outcome import CANCELLED, WORKER_LOST, Outcome
 
@@ -105,15 +105,13 @@ def sweep(now=None) -> dict[str, int]:
     * running far past its timeout: its worker died (SIGKILL, power). It may have run on
       a host, so it is never re-sent: it is marked interrupted.
     """
-    from controlplane.executions.tasks import run_execution
-
     now = now or timezone.now()
     requeue_before = now - timedelta(seconds=settings.EXECUTION_REQUEUE_AFTER_S)
     requeued = 0
     for pk in Execution.objects.filter(status=Status.QUEUED, created_at__lt=requeue_before).values_list(
         "pk", flat=True
     )[:500]:
-        run_execution.delay(str(pk))
+        dispatch.publish(dispatch.RUN_EXECUTION, str(pk))
         requeued += 1
     interrupted = 0
     grace = timedelta(seconds=settings.EXECUTION_STALE_GRACE_S + settings.SANDBOX_RESULT_GRACE_S)

@@ -75,13 +75,12 @@ def submit(code: str, *, owner: str, timeout_s: float | None = None, memory_mb: 
     """Queue ``code`` and return the execution id; a Celery task runs it after commit."""
     from django.db import transaction
 
-    from controlplane.executions import actions
-    from controlplane.executions.tasks import run_execution
+    from controlplane.executions import actions, dispatch
 
     with transaction.atomic():
         row = actions.create(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
         # Publish only once the row is visible to the worker that will claim it.
-        transaction.on_commit(lambda: run_execution.delay(str(row.pk)))
+        dispatch.enqueue_execution_on_commit(row.pk)
     return row.pk
 
 

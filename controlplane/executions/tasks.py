@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from controlplane.commands import first_line
-from controlplane.executions import actions
+from controlplane.executions import actions, dispatch
 from controlplane.executions.models import Execution
 from controlplane.pool import outcome as texts
 from controlplane.pool.outcome import ExecRequest, Outcome
@@ -40,7 +40,22 @@ STORE_RETRY_MAX_S = 10.0
 TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
 
 
-@shared_task(name="controlplane.executions.tasks.run_execution", acks_late=True, bind=True, max_retries=None)
+class DatabaseAway(Exception):
+    """A transient database error at a point where trying again is safe; Celery retries
+    the task on it (``autoretry_for``) with its own exponential backoff. No jitter: each
+    message retries for its own row, there is no herd of identical retries to spread."""
+
+
+@shared_task(
+    name=dispatch.RUN_EXECUTION,
+    acks_late=True,
+    bind=True,
+    max_retries=None,
+    autoretry_for=(DatabaseAway,),
+    retry_backoff=1,
+    retry_backoff_max=CLAIM_RETRY_MAX_S,
+    retry_jitter=False,
+)
 def run_execution(self, execution_id: str) -> None:
     # Claim before anything is sent: a redelivered message finds the row taken and stops.
     try:
@@ -49,7 +64,7 @@ def run_execution(self, execution_id: str) -> None:
         # The database is unreachable or (SQLite) locked: nothing was claimed or sent, so
         # trying again later is safe. Without this the message would be acked and lost.
         _drop_connection()
-        raise self.retry(exc=exc, countdown=min(2**self.request.retries, CLAIM_RETRY_MAX_S)) from None
+        raise DatabaseAway(exc.__class__.__name__) from exc
     if not claimed:
         log.info("event=execution_claim_lost execution_id=%s", execution_id)
         return
@@ -76,7 +91,16 @@ def run_execution(self, execution_id: str) -> None:
     )
 
 
-@shared_task(name="controlplane.executions.tasks.store_outcome", acks_late=True, bind=True, max_retries=None)
+@shared_task(
+    name=dispatch.STORE_OUTCOME,
+    acks_late=True,
+    bind=True,
+    max_retries=None,
+    autoretry_for=(DatabaseAway,),
+    retry_backoff=1,
+    retry_backoff_max=STORE_RETRY_MAX_S,
+    retry_jitter=False,
+)
 def store_outcome(self, execution_id: str, outcome: dict, first_failed_at: float) -> None:
     """Record an outcome the worker that ran it could not store (a database outage).
 
@@ -98,7 +122,7 @@ def store_outcome(self, execution_id: str, outcome: dict, first_failed_at: float
                 waited,
             )
             return
-        raise self.retry(exc=exc, countdown=min(2**self.request.retries, STORE_RETRY_MAX_S)) from None
+        raise DatabaseAway(exc.__class__.__name__) from exc
     log.info(
         "event=execution_finished execution_id=%s status=%s host_id=%s attempts=%d spooled_s=%.1f",
         execution_id,
@@ -157,7 +181,7 @@ def _with_db_patience(call, *, attempts: int = STORE_ATTEMPTS):
     raise AssertionError("unreachable")
 
 
-@shared_task(name="controlplane.executions.tasks.sweep_executions")
+@shared_task(name=dispatch.SWEEP_EXECUTIONS)
 def sweep_executions() -> dict[str, int]:
     return actions.sweep()
 

@@ -23,7 +23,7 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from . import credentials, notifications, receipts
+from . import credentials, dispatch, notifications, receipts
 from .errors import (
     BatchKeyConflict,
     EventsTruncated,
@@ -220,9 +220,7 @@ def cancel_run(run_id: object, reason: str = "cancelled by operator") -> bool:
     its host by a task, once the cancel is committed."""
     claimed = _finish(run_id, RunStatus.CANCELLED, error=reason) is not None
     if claimed:
-        from .tasks import stop_run_sandbox
-
-        transaction.on_commit(lambda: stop_run_sandbox.delay(str(run_id)))
+        dispatch.enqueue_stop_on_commit(run_id)
     return claimed
 
 
@@ -243,9 +241,7 @@ def fail_run(
     """
     claimed = _finish(run_id, RunStatus.FAILED, exit_code=exit_code, error=error, guard=guard) is not None
     if claimed and stop_sandbox:
-        from .tasks import stop_run_sandbox
-
-        transaction.on_commit(lambda: stop_run_sandbox.delay(str(run_id)))
+        dispatch.enqueue_stop_on_commit(run_id)
     return claimed
 
 

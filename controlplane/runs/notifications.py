@@ -34,10 +34,10 @@ from datetime import timedelta
 from urllib.parse import urlparse
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from . import dispatch
 from .errors import BadRequest
 
 log = logging.getLogger("holdfast.runs")
@@ -89,13 +89,7 @@ def record(run) -> None:
         run=run, status=run.status, defaults={"url": run.callback_url}
     )
     if created:
-        transaction.on_commit(lambda: _enqueue(notification.id))
-
-
-def _enqueue(notification_id: int) -> None:
-    from .tasks import deliver_notification
-
-    deliver_notification.delay(notification_id)
+        dispatch.enqueue_notification_on_commit(notification.id)
 
 
 def body_of(notification) -> bytes:

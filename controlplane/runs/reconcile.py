@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from controlplane.hosts import probe_log
 
-from . import actions, launcher
+from . import actions, dispatch, launcher
 from .models import PROBED_STATUSES, FailureReason, Run, RunStatus
 
 log = logging.getLogger("holdfast.runs")
@@ -222,8 +222,6 @@ def _launch_deadlines(report: TickReport, clock: _Clock) -> None:
     """Queued or provisioning without a hello past the launch deadline: relaunch once
     (the launch is idempotent by run id, so a relaunch of a launch that did happen
     starts nothing), then fail as ``launch_lost`` once the relaunch had its deadline."""
-    from .tasks import launch_run
-
     now = clock()
     deadline = timedelta(seconds=settings.RUN_LAUNCH_DEADLINE_S)
     cutoff = now - deadline
@@ -238,7 +236,7 @@ def _launch_deadlines(report: TickReport, clock: _Clock) -> None:
             relaunched_at=now
         )
         if marked:
-            launch_run.delay(str(run_id))
+            dispatch.publish(dispatch.LAUNCH_RUN, str(run_id))
             report.relaunched.append(str(run_id))
             log.warning("event=run_relaunched run_id=%s status=%s", run_id, status)
         else:
@@ -288,7 +286,6 @@ def _republish_notifications(report: TickReport, clock: _Clock) -> None:
     message. One never attempted long after it was written is published again: the
     task's lease and its delivered mark make a duplicate message harmless."""
     from .models import RunNotification
-    from .tasks import deliver_notification
 
     cutoff = clock() - timedelta(seconds=settings.NOTIFY_REPUBLISH_AFTER_S)
     stale = RunNotification.objects.filter(
@@ -299,5 +296,5 @@ def _republish_notifications(report: TickReport, clock: _Clock) -> None:
         created_at__lt=cutoff,
     ).values_list("id", flat=True)[:1000]
     for notification_id in stale:
-        deliver_notification.delay(notification_id)
+        dispatch.publish(dispatch.DELIVER_NOTIFICATION, notification_id)
         report.notifications_republished += 1

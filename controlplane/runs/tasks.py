@@ -6,10 +6,9 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 
-from . import actions, launcher, notifications, reconcile
+from . import actions, dispatch, launcher, notifications, reconcile
 from .models import Run, RunStatus
 
 log = logging.getLogger("holdfast.runs")
@@ -19,13 +18,7 @@ log = logging.getLogger("holdfast.runs")
 _UNGREETED = Q(status=RunStatus.PROVISIONING, instance_id="")
 
 
-def enqueue_launch(run_id: object) -> None:
-    """Publish ``launch_run`` once the surrounding transaction commits, so the worker
-    never looks for a row it cannot see yet."""
-    transaction.on_commit(lambda: launch_run.delay(str(run_id)))
-
-
-@shared_task(name="controlplane.runs.tasks.launch_run", bind=True, acks_late=True, max_retries=None)
+@shared_task(name=dispatch.LAUNCH_RUN, bind=True, acks_late=True, max_retries=None)
 def launch_run(self, run_id: str) -> None:
     # Claim before asking a host: a redelivered message for a run that is already
     # running, ended or cancelled finds nothing to do. One still provisioning without a
@@ -65,7 +58,7 @@ def _give_up(run_id: str, code: str, attempts: int) -> None:
     log.warning("event=run_launch_failed run_id=%s code=%s attempts=%d claimed=%s", run_id, code, attempts, claimed)
 
 
-@shared_task(name="controlplane.runs.tasks.stop_run_sandbox", bind=True, max_retries=3)
+@shared_task(name=dispatch.STOP_RUN_SANDBOX, bind=True, max_retries=3)
 def stop_run_sandbox(self, run_id: str) -> None:
     """Kill a cancelled run's sandbox on the host that launched it. Best effort, and
     safe to repeat (``stop_run`` is idempotent): the runner also stops its job at its
@@ -82,14 +75,14 @@ def stop_run_sandbox(self, run_id: str) -> None:
         raise self.retry(countdown=settings.RUNS_LAUNCH_RETRY_DELAY_S)
 
 
-@shared_task(name="controlplane.runs.tasks.reconcile_runs", ignore_result=True)
+@shared_task(name=dispatch.RECONCILE_RUNS, ignore_result=True)
 def reconcile_runs() -> None:
     """One reconcile tick (beat, every HOLDFAST_RECONCILE_INTERVAL_S). Two that overlap
     are harmless: every write compare-and-sets against what its tick read."""
     reconcile.tick()
 
 
-@shared_task(name="controlplane.runs.tasks.deliver_notification", bind=True, acks_late=True, max_retries=None)
+@shared_task(name=dispatch.DELIVER_NOTIFICATION, bind=True, acks_late=True, max_retries=None)
 def deliver_notification(self, notification_id: int) -> None:
     """POST one progress notification; retried with backoff until delivered or the
     attempts (counted on its row, not by Celery) run out."""

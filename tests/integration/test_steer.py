@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from controlplane.runs import actions, steering
+from controlplane.runs.dispatch import enqueue_launch_on_commit
 from controlplane.runs.models import Run, RunEvent, RunStatus, SteerMessage
-from controlplane.runs.tasks import enqueue_launch
 from tests.timing import scaled, wait_until
 
 from .conftest import launching_worker, stdout_lines
@@ -110,7 +110,7 @@ def _no_cuts(cuts):
 
 def _start(source: str) -> Run:
     run = actions.create_run("acme", {"kind": "python", "source": source, "timeout_s": 300})
-    enqueue_launch(run.id)
+    enqueue_launch_on_commit(run.id)
     wait_until(lambda: "ready" in stdout_lines(run.id), timeout=90, what="the job to start")
     return run
 

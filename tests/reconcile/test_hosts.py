@@ -21,9 +21,9 @@ import redis
 from django.conf import settings as django_settings
 
 from controlplane.runs import actions, reconcile
+from controlplane.runs.dispatch import enqueue_launch_on_commit
 from controlplane.runs.host_driver import WebSocketLaunchDriver
 from controlplane.runs.models import Run, RunStatus
-from controlplane.runs.tasks import enqueue_launch
 from sandbox_host.procs import alive
 from tests.integration.conftest import counting_job
 from tests.integration.support import free_port, run_log, start_web
@@ -145,7 +145,7 @@ def test_a_sigkilled_sandbox_fails_as_sandbox_lost_after_the_grace(drive_host, w
     host = drive_host
     with worker_for(host, web.url):
         run = actions.create_run("acme", {"kind": "python", "source": counting_job(600, 0.2), "timeout_s": 300})
-        enqueue_launch(run.id)
+        enqueue_launch_on_commit(run.id)
         wait_until(lambda: _status(run.id) == RunStatus.RUNNING, timeout=60, what="the run to start")
         assert reconcile.tick().alive == 1
         os.killpg(host.record(run.id)["pid"], signal.SIGKILL)
@@ -165,7 +165,7 @@ def test_a_host_restarted_with_the_same_id_and_state_dir_keeps_its_run_which_fin
     host = drive_host
     with worker_for(host, web.url):
         run = actions.create_run("acme", {"kind": "python", "source": counting_job(30, 0.5), "timeout_s": 300})
-        enqueue_launch(run.id)
+        enqueue_launch_on_commit(run.id)
         wait_until(lambda: run.events.count() >= 3, timeout=60, what="the run to stream")
         host.stop()  # SIGTERM: the host exits, the run's sandbox does not
         silent = reconcile.tick()
@@ -188,7 +188,7 @@ def test_a_restarted_host_reports_the_real_exit_code_of_a_sandbox_it_adopted(dri
     host = drive_host
     with worker_for(host, web.url):
         run = actions.create_run("acme", {"kind": "python", "source": counting_job(10, 0.5), "timeout_s": 300})
-        enqueue_launch(run.id)
+        enqueue_launch_on_commit(run.id)
         wait_until(lambda: run.events.count() >= 2, timeout=60, what="the run to stream")
         host.stop()
         host.start()  # no longer the sandbox's parent
@@ -207,7 +207,7 @@ def test_a_restarted_host_reports_the_real_exit_code_of_a_sandbox_it_adopted(dri
 def test_a_lost_launch_message_is_launched_by_the_deadline_path(drive_host, web, settings):
     settings.RUN_LAUNCH_DEADLINE_S = 1.0
     run = actions.create_run("acme", {"kind": "shell", "command": "echo launched-late", "timeout_s": 60})
-    enqueue_launch(run.id)  # autocommit: published at once
+    enqueue_launch_on_commit(run.id)  # autocommit: published at once
     broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
     assert broker.llen(django_settings.CELERY_TASK_DEFAULT_QUEUE) == 1
     broker.delete(django_settings.CELERY_TASK_DEFAULT_QUEUE)  # the message is lost
@@ -229,7 +229,7 @@ def test_a_runner_that_never_starts_fails_as_launch_lost_and_its_sandbox_is_stop
     nowhere = f"http://127.0.0.1:{free_port()}"  # its runner retries hello against nothing
     with worker_for(drive_host, nowhere):
         run = actions.create_run("acme", {"kind": "shell", "command": "echo never", "timeout_s": 60})
-        enqueue_launch(run.id)
+        enqueue_launch_on_commit(run.id)
         wait_until(lambda: Run.objects.get(pk=run.id).host_id, timeout=60, what="the launch")
         assert reconcile.tick().alive == 1  # its sandbox runs: not a loss, just no hello
         relaunched = _tick_until(lambda: Run.objects.get(pk=run.id).relaunched_at, timeout=30, what="relaunch")

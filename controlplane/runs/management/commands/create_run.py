@@ -10,8 +10,8 @@ from django.db import transaction
 
 from controlplane.commands import HoldfastCommand
 from controlplane.runs import actions
+from controlplane.runs.dispatch import enqueue_launch_on_commit
 from controlplane.runs.errors import RunsError
-from controlplane.runs.tasks import enqueue_launch
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -57,7 +57,7 @@ class Command(HoldfastCommand):
                 run = actions.create_run(
                     options["owner"], job, _pairs(options["secret"], "--secret"), callback_url=options["callback_url"]
                 )
-                enqueue_launch(run.id)
+                enqueue_launch_on_commit(run.id)
         except RunsError as exc:
             raise CommandError(exc.message) from None
         self.stdout.write(str(run.id))
