@@ -264,8 +264,10 @@ STATIC_ROOT = VAR_DIR / "static"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # One logfmt line per record, fields passed as data (holdfast_wire.logfmt): the same
+    # style the sandbox host writes.
+    "formatters": {"logfmt": {"()": "holdfast_wire.logfmt.LogfmtFormatter"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "logfmt"}},
     "root": {"handlers": ["stderr"], "level": env_str("HOLDFAST_LOG_LEVEL", "INFO")},
 }
 

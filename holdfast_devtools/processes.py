@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Printed by ``python -m sandbox_host`` once it listens (``sandbox_host/__main__.py``).
 HOST_LISTENING = re.compile(r"^holdfast-host listening (wss?://(\S+):(\d+)) host_id=(\S+) isolation=(\S+)$")
-WORKER_READY = re.compile(r"\bready\.$")
+# Celery's "celery@host ready." as a logfmt event (quoted: it holds a space).
+WORKER_READY = re.compile(r"\bready\.\"?$")
 
 # Timeouts
 # A host prints its address within a second or two; the worker imports Django and

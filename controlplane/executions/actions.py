@@ -14,6 +14,7 @@ from django.utils import timezone
 from controlplane.executions import dispatch, notify
 from controlplane.executions.models import Execution, Status
 from controlplane.pool.outcome import CANCELLED, WORKER_LOST, Outcome
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
 
@@ -126,5 +127,5 @@ def sweep(now=None) -> dict[str, int]:
                 notify.publish(str(row.pk))
             interrupted += swept
     if requeued or interrupted:
-        log.info("event=executions_swept requeued=%d interrupted=%d", requeued, interrupted)
+        log.info("executions_swept", extra=fields(requeued=requeued, interrupted=interrupted))
     return {"requeued": requeued, "interrupted": interrupted}

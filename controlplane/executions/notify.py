@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import connection
 
 from holdfast_wire import backoff
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
 
@@ -48,7 +49,7 @@ def publish(execution_id: str) -> None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, str(execution_id)])
     except Exception as exc:
-        log.warning("event=result_notify_failed execution_id=%s error=%s", execution_id, exc.__class__.__name__)
+        log.warning("result_notify_failed", extra=fields(execution_id=execution_id, error=exc.__class__.__name__))
 
 
 class Listener:
@@ -105,7 +106,9 @@ class Listener:
             except Exception as exc:
                 self._ready.clear()
                 delay = backoff.delay(failures, first_s=LISTEN_RETRY_FIRST_S, max_s=LISTEN_RETRY_MAX_S)
-                log.warning("event=results_listener_lost error=%s retry_s=%.1f", exc.__class__.__name__, delay)
+                log.warning(
+                    "results_listener_lost", extra=fields(error=exc.__class__.__name__, retry_s=round(delay, 1))
+                )
                 # Whoever waits now falls back on the safety-net poll until we are back.
                 backoff.wait(failures, first_s=LISTEN_RETRY_FIRST_S, max_s=LISTEN_RETRY_MAX_S)
                 failures += 1

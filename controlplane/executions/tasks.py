@@ -19,6 +19,7 @@ from controlplane.executions.models import Execution
 from controlplane.pool import outcome as texts
 from controlplane.pool.outcome import ExecRequest, Outcome
 from controlplane.pool.pool import get_pool
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
 
@@ -66,7 +67,7 @@ def run_execution(self, execution_id: str) -> None:
         _drop_connection()
         raise DatabaseAway(exc.__class__.__name__) from exc
     if not claimed:
-        log.info("event=execution_claim_lost execution_id=%s", execution_id)
+        log.info("execution_claim_lost", extra=fields(execution_id=execution_id))
         return
     row = _with_db_patience(lambda: Execution.objects.only("code", "timeout_ms", "memory_mb").get(pk=execution_id))
     cancel = _cancel_check(execution_id)
@@ -80,14 +81,13 @@ def run_execution(self, execution_id: str) -> None:
         # The outcome exists only in this process: hand it to the broker, which keeps it
         # durably (Redis; a restarted worker gets it back) until the database takes it.
         store_outcome.apply_async(args=[execution_id, asdict(outcome), time.time()], countdown=1)
-        log.warning("event=execution_result_spooled execution_id=%s status=%s", execution_id, outcome.status)
+        log.warning("execution_result_spooled", extra=fields(execution_id=execution_id, status=outcome.status))
         return
     log.info(
-        "event=execution_finished execution_id=%s status=%s host_id=%s attempts=%d",
-        execution_id,
-        outcome.status,
-        outcome.host_id,
-        outcome.attempts,
+        "execution_finished",
+        extra=fields(
+            execution_id=execution_id, status=outcome.status, host_id=outcome.host_id, attempts=outcome.attempts
+        ),
     )
 
 
@@ -116,20 +116,20 @@ def store_outcome(self, execution_id: str, outcome: dict, first_failed_at: float
         waited = time.time() - first_failed_at
         if waited > settings.EXECUTION_RESULT_STORE_PATIENCE_S:
             log.error(
-                "event=execution_result_lost execution_id=%s status=%s waited_s=%.0f",
-                execution_id,
-                result.status,
-                waited,
+                "execution_result_lost",
+                extra=fields(execution_id=execution_id, status=result.status, waited_s=round(waited)),
             )
             return
         raise DatabaseAway(exc.__class__.__name__) from exc
     log.info(
-        "event=execution_finished execution_id=%s status=%s host_id=%s attempts=%d spooled_s=%.1f",
-        execution_id,
-        result.status,
-        result.host_id,
-        result.attempts,
-        time.time() - first_failed_at,
+        "execution_finished",
+        extra=fields(
+            execution_id=execution_id,
+            status=result.status,
+            host_id=result.host_id,
+            attempts=result.attempts,
+            spooled_s=round(time.time() - first_failed_at, 1),
+        ),
     )
 
 
@@ -148,7 +148,7 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
         raise
     except DatabaseError as exc:
         log.error(
-            "event=execution_result_refused execution_id=%s error=%s", execution_id, type(exc).__name__, exc_info=True
+            "execution_result_refused", extra=fields(execution_id=execution_id, error=type(exc).__name__), exc_info=True
         )
         refused = Outcome.system(
             "failed",
@@ -159,7 +159,7 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
         )
         recorded = _with_db_patience(lambda: actions.finish(execution_id, refused), attempts=attempts)
     if not recorded:
-        log.warning("event=execution_result_not_recorded execution_id=%s reason=not_running", execution_id)
+        log.warning("execution_result_not_recorded", extra=fields(execution_id=execution_id, reason="not_running"))
 
 
 def _drop_connection() -> None:

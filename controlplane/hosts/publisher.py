@@ -30,6 +30,7 @@ from django.db import close_old_connections
 from controlplane.hosts import actions, snapshots
 from controlplane.pool.pool import SandboxPool
 from controlplane.pool.state import ConnectionSnapshot, PoolListener, RetireReason
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.hosts")
 
@@ -113,5 +114,7 @@ def install(pool: SandboxPool) -> Publisher:
     _installed[pool] = publisher
     pool.add_listener(publisher)
     pool.add_housekeeping_hook(publisher)
-    log.info("event=snapshot_publisher_started worker=%r interval_s=%.1f", publisher.worker, publisher.interval_s)
+    log.info(
+        "snapshot_publisher_started", extra=fields(worker=publisher.worker, interval_s=round(publisher.interval_s, 1))
+    )
     return publisher

@@ -30,6 +30,7 @@ from controlplane.pool import wsclient
 from controlplane.pool.outcome import ExecRequest
 from controlplane.pool.state import ConnectionSnapshot, ConnState, RetireReason
 from holdfast_wire import client, protocol
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.pool")
 
@@ -128,10 +129,8 @@ class HostConnection:
                 # DESIGN.md (Containment): pools refuse hosts below the required level,
                 # before anything is sent to them.
                 log.warning(
-                    "event=host_refused host_id=%s required=%s reason=%r",
-                    exc.refusal.host_id,
-                    required_isolation,
-                    exc.refusal.reason,
+                    "host_refused",
+                    extra=fields(host_id=exc.refusal.host_id, required=required_isolation, reason=exc.refusal.reason),
                 )
                 raise ConnectFailed(f"{exc} (HOLDFAST_REQUIRED_ISOLATION)") from None
             raise ConnectFailed(str(exc)) from None
@@ -143,7 +142,9 @@ class HostConnection:
         self._act_on(events)
         self._reader = threading.Thread(target=self._read_loop, name=f"holdfast-conn-{self.host_id}", daemon=True)
         self._reader.start()
-        log.info("event=connection_opened host_id=%s url=%s max_age_s=%.1f", self.host_id, self.url, self.max_age_s)
+        log.info(
+            "connection_opened", extra=fields(host_id=self.host_id, url=self.url, max_age_s=round(self.max_age_s, 1))
+        )
 
     def age(self) -> float:
         return self._clock() - self.opened_at
@@ -181,11 +182,10 @@ class HostConnection:
             self.retire_reason = reason
             idle = not self._pending
         log.info(
-            "event=connection_retiring host_id=%s reason=%r age_s=%.1f in_flight=%d",
-            self.host_id,
-            str(reason),
-            self.age(),
-            len(self._pending),
+            "connection_retiring",
+            extra=fields(
+                host_id=self.host_id, reason=str(reason), age_s=round(self.age(), 1), in_flight=len(self._pending)
+            ),
         )
         self._notify("connection_retiring", self.snapshot())
         if idle:
@@ -219,7 +219,7 @@ class HostConnection:
                     pass
             ws.shutdown()
         self._fail_pending()
-        log.info("event=connection_closed host_id=%s reason=%r age_s=%.1f", self.host_id, reason, self.age())
+        log.info("connection_closed", extra=fields(host_id=self.host_id, reason=reason, age_s=round(self.age(), 1)))
         self._notify("connection_closed", self.snapshot())
         self._on_change()
 
@@ -321,7 +321,7 @@ class HostConnection:
                 if pending is not None:
                     pending.resolve(event.frame)
             elif isinstance(event, client.Ignored):
-                log.warning("event=bad_frame host_id=%s code=%s", self.host_id, event.code)
+                log.warning("bad_frame", extra=fields(host_id=self.host_id, code=event.code))
 
     def _fail_pending(self) -> None:
         with self._lock:

@@ -30,6 +30,7 @@ from controlplane.pool.connection import ConnectFailed, HostConnection, Pending
 from controlplane.pool.outcome import RESULT_STATUSES, ExecRequest, Outcome
 from controlplane.pool.state import ConnectionSnapshot, ConnState, PoolListener, RetireReason
 from holdfast_wire import addresses, backoff, protocol
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.pool")
 
@@ -185,7 +186,7 @@ class SandboxPool:
                     "failed", texts.NOT_PLACED.format(moves=self.config.max_moves), attempts=moves + 1
                 )
             moves += 1
-            log.info("event=execution_moved execution_id=%s from_host_id=%s moves=%d", request.id, conn.host_id, moves)
+            log.info("execution_moved", extra=fields(execution_id=request.id, from_host_id=conn.host_id, moves=moves))
 
     def snapshot(self) -> list[ConnectionSnapshot]:
         """Per connection: host, state, age, in flight. For the drain page and tests."""
@@ -203,7 +204,7 @@ class SandboxPool:
             try:
                 getattr(listener, hook)(conn)
             except Exception:
-                log.exception("event=pool_listener_failed listener=%s hook=%s", type(listener).__name__, hook)
+                log.exception("pool_listener_failed", extra=fields(listener=type(listener).__name__, hook=hook))
 
     def finished_since(self, seconds: float) -> dict[str, int]:
         """Executions answered per host id in the last ``seconds``."""
@@ -293,7 +294,7 @@ class SandboxPool:
                     conn.retire(RetireReason.OPERATOR_DRAIN if drained else RetireReason.HOST_DRAINING)
                     raise ConnectFailed(f"host {conn.host_id} is draining")
             except ConnectFailed as exc:
-                log.warning("event=connect_failed url=%s reason=%r", addresses.public(conn.url), str(exc))
+                log.warning("connect_failed", extra=fields(url=addresses.public(conn.url), reason=str(exc)))
                 # A restarting balancer or host refuses for a moment; keep trying until the
                 # caller's deadline, then report the last reason.
                 if not backoff.wait(
@@ -413,7 +414,7 @@ class SandboxPool:
                 sent=True,
             )
         # The socket dropped after the frame was sent: it may have run. Never re-run it.
-        log.warning("event=execution_interrupted execution_id=%s host_id=%s", pending.request.id, conn.host_id)
+        log.warning("execution_interrupted", extra=fields(execution_id=pending.request.id, host_id=conn.host_id))
         return Outcome.system("interrupted", texts.INTERRUPTED, host_id=conn.host_id, attempts=attempts, sent=True)
 
     # --- housekeeping --------------------------------------------------------------
@@ -453,7 +454,7 @@ class SandboxPool:
                 try:
                     hook(self)
                 except Exception:
-                    log.exception("event=housekeeping_hook_failed hook=%s", getattr(hook, "__name__", hook))
+                    log.exception("housekeeping_hook_failed", extra=fields(hook=getattr(hook, "__name__", hook)))
             time.sleep(HOUSEKEEPING_INTERVAL_S)
 
 
@@ -471,7 +472,7 @@ def _cancelled(cancel: CancelCheck | None) -> bool:
     try:
         return bool(cancel())
     except Exception:
-        log.warning("event=cancel_check_failed", exc_info=True)
+        log.warning("cancel_check_failed", exc_info=True)
         return False
 
 

@@ -23,6 +23,8 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from holdfast_wire.logfmt import fields
+
 from . import credentials, dispatch, notifications, receipts
 from .errors import (
     BatchKeyConflict,
@@ -198,7 +200,7 @@ def _truncate_events(run: Run, seq: int, data: dict) -> None:
     RunEvent.objects.create(run=run, seq=seq, type=EVENTS_TRUNCATED, data=data, ts=now)
     Run.objects.filter(pk=run.pk).update(events_truncated_at=now)
     logger.warning(
-        "event=run_events_truncated run_id=%s reason=%s events_stored=%d", run.pk, data["reason"], data["events_stored"]
+        "run_events_truncated", extra=fields(run_id=run.pk, reason=data["reason"], events_stored=data["events_stored"])
     )
 
 

@@ -38,6 +38,7 @@ import websocket
 
 from controlplane.pool import wsclient
 from holdfast_wire import addresses, client, protocol
+from holdfast_wire.logfmt import fields
 
 from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable, SandboxProbe
 
@@ -122,7 +123,7 @@ class WebSocketLaunchDriver:
                 return self._launch_on(url, request)
             except _TryElsewhere as exc:
                 reasons.append(str(exc))
-                log.info("event=run_launch_elsewhere run_id=%s url=%s reason=%s", request.run_id, url, exc)
+                log.info("run_launch_elsewhere", extra=fields(run_id=request.run_id, url=url, reason=exc))
         raise LaunchUnavailable("no host took the run: " + "; ".join(reasons or ["no address configured"]))
 
     def stop(self, run_id: str, host_id: str) -> bool:
@@ -148,7 +149,7 @@ class WebSocketLaunchDriver:
                         if isinstance(event, client.Answered) and isinstance(event.frame, protocol.RunStopped):
                             was_running = event.frame.was_running
                             log.info(
-                                "event=run_stopped run_id=%s host_id=%s was_running=%s", run_id, host_id, was_running
+                                "run_stopped", extra=fields(run_id=run_id, host_id=host_id, was_running=was_running)
                             )
                             return True
                         if isinstance(event, (client.Answered, client.HostError)):
@@ -206,7 +207,7 @@ class WebSocketLaunchDriver:
             urls = urls if len(self.urls) == 1 and all(reached) else []
         silent = sorted(set(wanted) - set(answers))
         if silent:
-            log.info("event=run_probe_silent hosts=%s", ",".join(silent))
+            log.info("run_probe_silent", extra=fields(hosts=",".join(silent)))
         return answers
 
     def _probe_on(self, call: _Call, run_ids: list[str]) -> dict[str, SandboxProbe] | None:
