@@ -47,16 +47,19 @@ class DatabaseAway(Exception):
     message retries for its own row, there is no herd of identical retries to spread."""
 
 
-@shared_task(
-    name=dispatch.RUN_EXECUTION,
-    acks_late=True,
-    bind=True,
-    max_retries=None,
-    autoretry_for=(DatabaseAway,),
-    retry_backoff=1,
-    retry_backoff_max=CLAIM_RETRY_MAX_S,
-    retry_jitter=False,
-)
+# Celery's own exponential backoff (1, 2, 4 ... s, capped per task) on DatabaseAway,
+# for as long as it takes: acked late, so the message is never lost meanwhile.
+RETRIED_WHILE_DATABASE_AWAY = {
+    "acks_late": True,
+    "bind": True,
+    "max_retries": None,
+    "autoretry_for": (DatabaseAway,),
+    "retry_backoff": 1,
+    "retry_jitter": False,
+}
+
+
+@shared_task(name=dispatch.RUN_EXECUTION, **RETRIED_WHILE_DATABASE_AWAY, retry_backoff_max=CLAIM_RETRY_MAX_S)
 def run_execution(self, execution_id: str) -> None:
     # Claim before anything is sent: a redelivered message finds the row taken and stops.
     try:
@@ -91,16 +94,7 @@ def run_execution(self, execution_id: str) -> None:
     )
 
 
-@shared_task(
-    name=dispatch.STORE_OUTCOME,
-    acks_late=True,
-    bind=True,
-    max_retries=None,
-    autoretry_for=(DatabaseAway,),
-    retry_backoff=1,
-    retry_backoff_max=STORE_RETRY_MAX_S,
-    retry_jitter=False,
-)
+@shared_task(name=dispatch.STORE_OUTCOME, **RETRIED_WHILE_DATABASE_AWAY, retry_backoff_max=STORE_RETRY_MAX_S)
 def store_outcome(self, execution_id: str, outcome: dict, first_failed_at: float) -> None:
     """Record an outcome the worker that ran it could not store (a database outage).
 

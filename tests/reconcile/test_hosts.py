@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from controlplane.runs.models import Run, RunStatus
 from sandbox_host.procs import alive
 from tests.integration.conftest import counting_job
 from tests.integration.support import free_port, run_log, start_web
+from tests.support.scripted import scripted_host
 from tests.support.worker import WorkerProcess, start_worker
 from tests.timing import scaled, wait_until
 
@@ -244,10 +244,9 @@ def test_a_runner_that_never_starts_fails_as_launch_lost_and_its_sandbox_is_stop
 
 
 @contextlib.contextmanager
-def scripted_host(statuses: dict[str, dict]) -> Iterator[str]:
-    """A real WebSocket server on port 0 playing a newer host: it authenticates anyone
+def newer_host(statuses: dict[str, dict]) -> Iterator[str]:
+    """A scripted host on port 0 playing a newer host: it authenticates anyone
     and answers every ``probe_runs`` with ``statuses``."""
-    from websockets.sync.server import serve
 
     from holdfast_wire import protocol
 
@@ -258,21 +257,15 @@ def scripted_host(statuses: dict[str, dict]) -> Iterator[str]:
             frame = protocol.decode(message)
             conn.send(protocol.encode(protocol.RunStatus(statuses=statuses, ref=frame.ref)))
 
-    with serve(handler, "127.0.0.1", 0) as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
-        finally:
-            server.shutdown()
-            thread.join(timeout=5)
+    with scripted_host(handler) as url:
+        yield url
 
 
 def test_a_status_the_prober_cannot_read_leaves_that_run_untouched_and_the_rest_judged():
     """A newer host may answer a status this release does not know: that proves nothing
     about the run, which is left out; the host's other answers still count."""
     answers = {"a": {"status": "hibernating", "exit_code": None}, "b": {"status": "exited", "exit_code": 3}}
-    with scripted_host(answers) as url:
+    with newer_host(answers) as url:
         driver = WebSocketLaunchDriver(urls=(url,), token="t", connect_timeout_s=5, reply_timeout_s=5)
         statuses = driver.probe({"newer-host": ["a", "b"]})["newer-host"]
     assert set(statuses) == {"b"} and (statuses["b"].status, statuses["b"].exit_code) == ("exited", 3)
