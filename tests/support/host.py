@@ -18,6 +18,7 @@ import websocket
 from holdfast_devtools import processes
 from holdfast_devtools.processes import HostProcess, busy_descendants, descendants
 from holdfast_wire import protocol
+from holdfast_wire.client import ClientSession
 from tests.timing import scaled
 
 __all__ = ["ROOT", "SHARED_LEVEL", "HostProcess", "busy_descendants", "descendants", "share", "start_host"]
@@ -59,13 +60,15 @@ def share(directory) -> tuple[str, ...]:
 def connect(url: str, token: str, *, timeout: float | None = None, client: str = "tests") -> websocket.WebSocket:
     """Open a WebSocket to ``url``, authenticate, and return it. Fails on anything but
     ``auth_ok``; the ``auth_ok`` frame is kept on the socket as ``ws.auth_ok``."""
+    # The control plane's client session, accepting any level: tests check the host.
+    session = ClientSession(token=token, client=client, required_isolation=None)
     ws = websocket.create_connection(url, timeout=timeout or scaled(10))
-    ws.send(protocol.encode(protocol.Auth(token=token, client=client)))
-    answer = recv_frame(ws)
-    if not isinstance(answer, protocol.AuthOk):
+    ws.send(session.connect())
+    events = session.receive(ws.recv())
+    if session.auth_ok is None:
         ws.close()
-        raise AssertionError(f"expected auth_ok, got {answer!r}")
-    ws.auth_ok = answer
+        raise AssertionError(f"expected auth_ok, got {events!r}")
+    ws.auth_ok = session.auth_ok
     return ws
 
 
