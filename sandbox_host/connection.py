@@ -178,6 +178,8 @@ class Connection:
     # --- frames ------------------------------------------------------------------
 
     def _handle_message(self, message: bytes) -> None:
+        if not self.authenticated and self.close_deadline is not None:
+            return  # closing before auth (refused, or the host drains): nothing changes that
         with self.lock:
             events = self.session.receive(message)
         self._handle_session_events(events)
