@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controlplane.pool.outcome import CANCELLED, NO_WORKER
+from holdfast_wire import backoff
 
 # The caller's wait beyond the execution's own timeout: queueing, connecting, moves.
 WAIT_MARGIN_S = 60.0
@@ -123,7 +124,7 @@ def _wait(execution_id, woken, *, cancel: Cancel, wait_s: float | None, pickup_w
     row = Execution.objects.only("timeout_ms").get(pk=execution_id)
     started = time.monotonic()
     deadline = started + (wait_s if wait_s is not None else row.timeout_ms / 1000 + WAIT_MARGIN_S)
-    delay = POLL_FIRST_S
+    polls = 0
     cancel_sent = False
     stats.reads = 0
     while True:
@@ -149,8 +150,8 @@ def _wait(execution_id, woken, *, cancel: Cancel, wait_s: float | None, pickup_w
             # Woken by the result's notification, or by the safety net.
             woken.wait(max(0.0, min(SAFETY_POLL_S, deadline - time.monotonic())) or POLL_FIRST_S)
             continue
-        time.sleep(delay)
-        delay = min(delay * 1.5, POLL_MAX_S)
+        backoff.wait(polls, first_s=POLL_FIRST_S, max_s=POLL_MAX_S, factor=1.5)
+        polls += 1
 
 
 def cancel(execution_id: str) -> str:

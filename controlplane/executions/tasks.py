@@ -19,6 +19,7 @@ from controlplane.executions.models import Execution
 from controlplane.pool import outcome as texts
 from controlplane.pool.outcome import ExecRequest, Outcome
 from controlplane.pool.pool import get_pool
+from holdfast_wire import backoff
 from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
@@ -171,7 +172,7 @@ def _with_db_patience(call, *, attempts: int = STORE_ATTEMPTS):
             _drop_connection()
             if attempt == attempts - 1:
                 raise
-            time.sleep(min(2**attempt, CLAIM_RETRY_MAX_S))
+            backoff.wait(attempt, first_s=1.0, max_s=CLAIM_RETRY_MAX_S)
     raise AssertionError("unreachable")
 
 

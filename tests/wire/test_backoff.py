@@ -25,3 +25,8 @@ def test_wait_sleeps_the_delay_unless_it_would_pass_the_deadline():
     assert slept == [2.0]
     assert not backoff.wait(3, first_s=0.5, max_s=10, deadline=102.5, clock=lambda: now, sleep=slept.append)
     assert slept == [2.0]  # gave up without sleeping
+
+
+def test_a_gentler_factor_grows_a_poll_more_slowly():
+    delays = [backoff.delay(n, first_s=0.02, max_s=0.5, factor=1.5) for n in range(10)]
+    assert delays[:3] == pytest.approx([0.02, 0.03, 0.045]) and delays[-1] == 0.5
