@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
              "-Q", queue, "--without-gossip", "--without-mingle", "--loglevel", "INFO",
              "--hostname", f"deploy-smoke-{os.getpid()}@%h"],
             worker_env,
-            r"\bready\.$",
+            r"\bready\.\"?$",  # Celery's line, as the logfmt formatter quotes it
         )  # fmt: skip
         worker.wait_ready()
         started = time.monotonic()

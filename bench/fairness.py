@@ -29,11 +29,11 @@ import django  # noqa: E402
 
 django.setup()
 
+from controlplane.sandbox import local  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from bench.run import ms  # noqa: E402
-from controlplane.sandbox import local  # noqa: E402
 
 SNIPPET = "print(1)"
 A, B = "bench-flood-a", "bench-flood-b"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import websocket
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from sandbox_host.sandbox import base_interpreter
 
 SNIPPET = "print(1)"

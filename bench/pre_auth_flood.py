@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import websocket  # noqa: E402
 
-from sandbox_host import protocol  # noqa: E402
+from holdfast_wire import protocol  # noqa: E402
 
 JUNK = b"GET / HTTP/1.1\r\nX-Junk: " + b"j" * 1000 + b"\r\n"
 SOURCES = [f"127.0.0.{i}" for i in range(2, 42)]

@@ -41,7 +41,7 @@ from django.utils import timezone  # noqa: E402
 from controlplane.runs import reconcile  # noqa: E402
 from controlplane.runs.host_driver import WebSocketLaunchDriver, _TryElsewhere  # noqa: E402
 from controlplane.runs.models import Run, RunStatus  # noqa: E402
-from controlplane.sandbox import local  # noqa: E402
+from holdfast_devtools import processes  # noqa: E402
 from sandbox_host.procs import start_time  # noqa: E402
 from sandbox_host.runs import default_state_dir  # noqa: E402
 
@@ -99,7 +99,7 @@ def main() -> None:
         by_host = {h: run_ids[i :: args.hosts] for i, h in enumerate(host_ids)}
         for host_id, ids in by_host.items():
             seed_host(default_state_dir(host_id), ids)
-            hosts.append(local.start_host(token, host_id=host_id))
+            hosts.append(processes.start_host(token, host_id=host_id))
         now = timezone.now()
         job = {"kind": "shell", "command": "true", "inputs": {}, "timeout_s": 3600}
         Run.objects.bulk_create(
@@ -120,7 +120,7 @@ def main() -> None:
             ),
             batch_size=2000,
         )
-        urls = tuple(local.host_url(h) for h in hosts)
+        urls = tuple(processes.host_url(h) for h in hosts)
         common = {
             "urls": urls,
             "token": token,

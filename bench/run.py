@@ -45,9 +45,9 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from bench import host_speed  # noqa: E402
-from controlplane.sandbox import local  # noqa: E402
-from controlplane.sandbox.outcome import ExecRequest  # noqa: E402
-from controlplane.sandbox.pool import PoolConfig, SandboxPool  # noqa: E402
+from controlplane.pool.outcome import ExecRequest  # noqa: E402
+from controlplane.pool.pool import PoolConfig, SandboxPool  # noqa: E402
+from holdfast_devtools import processes  # noqa: E402
 
 SNIPPET = "print(1)"
 
@@ -112,9 +112,9 @@ def pool_config(url: str, token: str, required_isolation: str = "bwrap") -> Pool
 
 def uncontained(token: str, n: int) -> list[float]:
     """One snippet at a time on a host with no sandbox: what the containment costs."""
-    host = local.start_host(token, host_id="bench-uncontained", extra_args=("--isolation", "insecure-rlimits"))
+    host = processes.start_host(token, host_id="bench-uncontained", extra_args=("--isolation", "insecure-rlimits"))
     try:
-        pool = SandboxPool(pool_config(local.host_url(host), token, required_isolation="insecure-rlimits"))
+        pool = SandboxPool(pool_config(processes.host_url(host), token, required_isolation="insecure-rlimits"))
         try:
             pooled(pool, 3, 1)
             samples, _ = pooled(pool, n, 1)
@@ -206,9 +206,9 @@ def tree(pid: int) -> list[int]:
 def measure_host(token: str, label: str, args: tuple[str, ...], n: int, seconds: float, pause_s: float) -> dict:
     """One host: ``n`` executions one at a time, then 8 in flight for ``seconds``, and
     its PSS idle and at its peak."""
-    host = local.start_host(token, host_id=f"bench-{uuid.uuid4().hex[:6]}", extra_args=args)
+    host = processes.start_host(token, host_id=f"bench-{uuid.uuid4().hex[:6]}", extra_args=args)
     try:
-        url = local.host_url(host)
+        url = processes.host_url(host)
         client = host_speed.HostClient(url, token)
         time.sleep(1.0)  # let the reserve fill
         idle_pss = host_speed.pss_kib(tree(host.popen.pid))
@@ -282,14 +282,14 @@ def main() -> None:
 
     ensure("bench")
     token = secrets.token_urlsafe(32)
-    host = local.start_host(token, host_id="bench")
+    host = processes.start_host(token, host_id="bench")
     rows: list[tuple[str, str, str, str]] = []
     try:
         time.sleep(0.5)
         idle_rss = rss_kib(host.popen.pid)
         base = bare_subprocess(n)
         bare_host = uncontained(token, n)
-        pool = SandboxPool(pool_config(local.host_url(host), token))
+        pool = SandboxPool(pool_config(processes.host_url(host), token))
         pooled(pool, 3, 1)  # open the connection and warm the host
         seq, _ = pooled(pool, n, 1)
         peak = [0]
@@ -316,8 +316,10 @@ def main() -> None:
         rows.append(("host, 1 in flight (full containment)", f"{s50:.1f}", f"{s95:.1f}", f"{1000 / s50:.1f}/s"))
         rows.append(("host, 8 in flight, 1 connection", f"{c50:.1f}", f"{c95:.1f}", f"{throughput:.1f}/s"))
 
-        env = {"HOLDFAST_SANDBOX_URL": local.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}
-        worker = local.start_worker(env, concurrency=4, name="bench-worker", extra_args=("--include", "bench.tasks"))
+        env = {"HOLDFAST_SANDBOX_URL": processes.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}
+        worker = processes.start_worker(
+            env, concurrency=4, name="bench-worker", extra_args=("--include", "bench.tasks")
+        )
         try:
             full_path(3, plain=True)
             full_path(3, plain=False)

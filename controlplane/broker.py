@@ -23,6 +23,8 @@ from kombu.transport import filesystem
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
 
+from holdfast_wire.logfmt import fields
+
 log = logging.getLogger("holdfast.broker")
 
 PARTIAL_SUFFIX = ".partial"
@@ -74,7 +76,7 @@ class Channel(filesystem.Channel):
             os.replace(claimed, os.path.join(bad_dir, name))
         except OSError:
             pass
-        log.error("event=broker_message_unreadable file=%s error=%s", name, exc.__class__.__name__)
+        log.error("broker_message_unreadable", extra=fields(file=name, error=exc.__class__.__name__))
 
 
 class Transport(filesystem.Transport):

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
 
-from sandbox_host import protocol as _protocol
+from holdfast_wire import protocol as _protocol
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Embedded state (SQLite file, filesystem broker, file cache) lives here, never in the
@@ -267,8 +267,10 @@ STATIC_ROOT = VAR_DIR / "static"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # One logfmt line per record, fields passed as data (holdfast_wire.logfmt): the same
+    # style the sandbox host writes.
+    "formatters": {"logfmt": {"()": "holdfast_wire.logfmt.LogfmtFormatter"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "logfmt"}},
     "root": {"handlers": ["stderr"], "level": env_str("HOLDFAST_LOG_LEVEL", "INFO")},
 }
 

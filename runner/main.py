@@ -55,7 +55,7 @@ _PR_SET_DUMPABLE = 4
 
 
 @dataclass
-class Outcome:
+class JobOutcome:
     status: str  # succeeded | failed | cancelled
     exit_code: int | None
     error: str
@@ -77,7 +77,7 @@ def run_job(
     *,
     kill_grace_s: float = DEFAULT_KILL_GRACE_S,
     steering: Steering | None = None,
-) -> Outcome:
+) -> JobOutcome:
     """Run the job in its own process group, pumping stdout and stderr lines into ``stream``;
     ``steering`` acts on the child (SIGINT, stdin lines) while it runs."""
     with tempfile.TemporaryDirectory(prefix="holdfast-job-") as home:
@@ -146,13 +146,13 @@ def run_job(
         child.stdout.close()
         child.stderr.close()
     if drain_failed.is_set() or stream.failure is not None:
-        return Outcome("failed", code, "events could not be delivered to the control plane")
+        return JobOutcome("failed", code, "events could not be delivered to the control plane")
     if timed_out.is_set():
-        return Outcome("failed", code, "job timed out")
-    return Outcome("succeeded" if code == 0 else "failed", code, "" if code == 0 else f"exit code {code}")
+        return JobOutcome("failed", code, "job timed out")
+    return JobOutcome("succeeded" if code == 0 else "failed", code, "" if code == 0 else f"exit code {code}")
 
 
-def report_result(client: ControlPlaneClient, outcome: Outcome, redactor: Redactor) -> None:
+def report_result(client: ControlPlaneClient, outcome: JobOutcome, redactor: Redactor) -> None:
     """Post the verdict. A 409 run_terminal means a verdict is already recorded (ours, replayed
     after a lost answer, or another): it counts as recorded; a different one leaves one line."""
     body = {"status": outcome.status, "exit_code": outcome.exit_code, "error": redactor.text(outcome.error)}
@@ -212,7 +212,7 @@ def breadcrumb(run_id: str, failure: Undeliverable, redactor: Redactor | None = 
     return "runner: " + diagnostic_line("undeliverable", fields, redactor or Redactor(()))
 
 
-def live(base_url: str, run_id: str, run_key: str, *, unix_socket: str | None = None) -> Outcome:
+def live(base_url: str, run_id: str, run_key: str, *, unix_socket: str | None = None) -> JobOutcome:
     client = ControlPlaneClient(base_url, run_id, run_key, on_retry=_log_retry, unix_socket=unix_socket)
     try:
         # One instance id per runner process: a replayed hello is the same claim.
@@ -230,7 +230,7 @@ def live(base_url: str, run_id: str, run_key: str, *, unix_socket: str | None = 
     outcome = run_job(job, stream, steering=steering)
     failure = stream.close()
     if failure is not None and outcome.status == "succeeded":
-        outcome = Outcome("failed", outcome.exit_code, "events could not be delivered to the control plane")
+        outcome = JobOutcome("failed", outcome.exit_code, "events could not be delivered to the control plane")
     try:
         report_result(client, outcome, redactor)
     except TransportError as exc:

@@ -19,7 +19,7 @@ import sys
 
 from . import defaults, uids
 from .isolation import WARNINGS, probe, sweep_leftovers
-from .log import log
+from .log import configure, log
 from .server import Host, Settings
 
 TOKEN_ENV = "HOLDFAST_SANDBOX_TOKEN"  # noqa: S105 - the variable name, not a token
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         help="writable space of one execution as a whole (its tmpfs), MiB",
     )
     args = parser.parse_args(argv)
+    configure()  # one logfmt line per event on stderr, as every Holdfast process writes
     if args.max_concurrent < 1:
         parser.error("--max-concurrent must be >= 1")
     if args.max_runs < 0:

@@ -27,8 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from holdfast_wire.protocol import MAX_OUTPUT_BYTES, truncate_output
+
 from . import defaults, sandbox, seccomp_policy
-from .protocol import MAX_OUTPUT_BYTES, truncate_output
 
 if TYPE_CHECKING:
     from .isolation import Isolation
@@ -63,7 +64,7 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ChildOutcome:
     status: str  # succeeded | failed | timed_out | cancelled
     exit_code: int | None
     stdout: str
@@ -251,7 +252,7 @@ class Child:
             self._stop_status, self._stop_error = status, error
             self._stop.set()
 
-    def wait(self) -> Outcome:
+    def wait(self) -> ChildOutcome:
         assert self.proc is not None and self.proc.stdout and self.proc.stderr
         started = time.monotonic()
         deadline = started + self.limits.timeout_ms / 1000
@@ -311,13 +312,13 @@ class Child:
                 kill_uid(self.uid)
         duration_ms = int((time.monotonic() - started) * 1000)
         if status:
-            return Outcome(status, None, out.text(), err.text(), duration_ms, error)
+            return ChildOutcome(status, None, out.text(), err.text(), duration_ms, error)
         if returncode == 0:
-            return Outcome("succeeded", 0, out.text(), err.text(), duration_ms)
+            return ChildOutcome("succeeded", 0, out.text(), err.text(), duration_ms)
         if returncode < 0:  # killed by a signal (a CPU or memory rlimit): report it as a shell would
             name = _signal_name(-returncode)
-            return Outcome("failed", 128 - returncode, out.text(), err.text(), duration_ms, f"killed by {name}")
-        return Outcome("failed", returncode, out.text(), err.text(), duration_ms)
+            return ChildOutcome("failed", 128 - returncode, out.text(), err.text(), duration_ms, f"killed by {name}")
+        return ChildOutcome("failed", returncode, out.text(), err.text(), duration_ms)
 
     def kill(self) -> None:
         """SIGKILL the child's process group. With a PID namespace this kills the

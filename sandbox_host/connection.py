@@ -1,25 +1,28 @@
-"""One client connection: a thin shell around websockets' Sans-I/O ``ServerProtocol``.
+"""One client connection: the I/O shell around two Sans-I/O cores.
+
+websockets' ``ServerProtocol`` turns bytes into WebSocket messages; the wire's
+``ServerSession`` (``holdfast_wire.server``) holds the rules of the conversation:
+pre-auth accounting, auth, bad input, drain. This shell owns the socket, the threads
+and the timeouts (the authentication deadline, the close handshake), and does what the
+session's events ask with the host's parts (admission, runs).
 
 With TLS (``--tls-cert``/``--tls-key``) the socket is wrapped at accept and the
 handshake runs in this connection's thread within the authentication deadline; the
 pre-auth byte cap then counts the decrypted bytes (the TLS handshake itself is bounded
 by the TLS library and that deadline).
 
-The shell owns the socket, so it sees every raw byte: before authentication at most
-``protocol.PRE_AUTH_MAX_BYTES`` may arrive, counted from the first byte (the HTTP
-handshake included) and still counted after a refused ``auth`` until the socket closes.
-Crossing the cap closes the socket at once, without a close handshake: the point is to
-stop spending anything on the peer.
+The shell sees every raw byte and reports it to the session: crossing the pre-auth cap
+closes the socket at once, without a close handshake: the point is to stop spending
+anything on the peer.
 
 One thread per connection runs ``serve``: ``recv`` -> ``receive_data`` ->
-``events_received`` -> handle -> ``data_to_send`` -> ``sendall``. Execution threads send
-their frames through ``send`` under the same lock, so the protocol object (which is not
-thread-safe) is only touched by one thread at a time.
+``events_received`` -> session ``receive`` -> handle -> ``data_to_send`` -> ``sendall``.
+Execution threads send their frames through ``send`` under the same lock, so neither
+protocol object (neither is thread-safe) is touched by two threads at a time.
 """
 
 from __future__ import annotations
 
-import hmac
 import select
 import socket
 import ssl
@@ -32,16 +35,16 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from . import protocol
+from holdfast_wire import protocol, server
+from holdfast_wire.server import CLOSE_GOING_AWAY, CLOSE_POLICY_VIOLATION
+
 from .executions import Refused, run_execution
 from .log import log
 
 if TYPE_CHECKING:
     from .server import Host
 
-# RFC 6455 7.4.1 close codes we use.
-CLOSE_GOING_AWAY = 1001  # "an endpoint is going away, such as a server going down"
-CLOSE_POLICY_VIOLATION = 1008  # auth failed, or a frame before auth
+__all__ = ["CLOSE_GOING_AWAY", "CLOSE_POLICY_VIOLATION", "Connection"]
 
 
 class Connection:
@@ -51,14 +54,21 @@ class Connection:
         self.peer = peer
         self.id = conn_id
         self.ws = ServerProtocol(max_size=protocol.MAX_FRAME_BYTES)
+        self.session = server.ServerSession(token=host.token)
         self.lock = threading.RLock()
-        self.authenticated = False
-        self.pre_auth_bytes = 0
         self.opened_at = time.monotonic()
         self.close_deadline: float | None = None
         self.executions: set[str] = set()
         self._fragments: list[bytes] = []
         self.thread = threading.Thread(target=self.serve, name=f"conn-{conn_id}", daemon=True)
+
+    @property
+    def authenticated(self) -> bool:
+        return self.session.authenticated
+
+    @property
+    def pre_auth_bytes(self) -> int:
+        return self.session.pre_auth_bytes
 
     # --- the read loop -----------------------------------------------------------
 
@@ -107,7 +117,9 @@ class Connection:
             if not self.authenticated and self.close_deadline is None and now >= auth_deadline:
                 if self.ws.state is not State.OPEN:
                     return "auth_timeout"  # not even a handshake: nothing to say, just drop it
-                self._refuse("auth_timeout", "no valid auth frame before the deadline")
+                with self.lock:
+                    events = self.session.auth_timeout()
+                self._handle_session_events(events)
                 continue
             # TLS may hold decrypted bytes the kernel no longer reports as readable.
             pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
@@ -115,8 +127,8 @@ class Connection:
                 readable, _, _ = select.select([self.sock], [], [], settings.poll_interval_s)
                 if not readable:
                     continue
-            # Before auth read at most one byte past the cap, so it is crossed exactly.
-            size = 65536 if self.authenticated else protocol.PRE_AUTH_MAX_BYTES - self.pre_auth_bytes + 1
+            # Before auth the session allows one byte past the cap, so it is crossed exactly.
+            size = self.session.read_size()
             if isinstance(self.sock, ssl.SSLSocket):
                 # One TLS connection object must not read and write in two threads at
                 # once (OpenSSL); execution threads write under this lock.
@@ -129,15 +141,14 @@ class Connection:
                     self.ws.receive_eof()
                     self._flush()
                 return "eof"
-            if not self.authenticated:
-                self.pre_auth_bytes += len(data)
+            over = self.session.data_received(len(data))
             with self.lock:
                 self.ws.receive_data(data)
                 events = self.ws.events_received()
                 self._flush()
             for event in events:
                 self._handle_event(event)
-            if not self.authenticated and self.pre_auth_bytes > protocol.PRE_AUTH_MAX_BYTES:
+            if over:
                 log("pre_auth_limit", conn=self.id, bytes=self.pre_auth_bytes, limit=protocol.PRE_AUTH_MAX_BYTES)
                 return "pre_auth_limit"
             with self.lock:
@@ -168,47 +179,43 @@ class Connection:
 
     def _handle_message(self, message: bytes) -> None:
         if not self.authenticated and self.close_deadline is not None:
-            return  # already refused: nothing this peer says changes that
-        try:
-            frame = protocol.decode(message)
-        except protocol.ProtocolError as exc:
-            if not self.authenticated:
-                self._refuse("unauthenticated", "the first frame must be a valid auth frame")
-            else:
-                # Bad input is answered, not punished: the connection stays open.
-                self.send(protocol.Error(code=exc.code, message=exc.message, id=exc.frame_id))
-            return
-        if not self.authenticated:
-            self._authenticate(frame)
-        elif isinstance(frame, protocol.Execute):
-            self._execute(frame)
-        elif isinstance(frame, protocol.Cancel):
-            if frame.id not in self.executions or not self.host.admission.stop(
-                frame.id, "cancelled", "Execution was cancelled"
-            ):
-                self.send(protocol.Error(code="unknown_id", message="no running execution has this id", id=frame.id))
-        elif isinstance(frame, protocol.LaunchRun):
-            self.send(self.host.runs.launch(frame))
-        elif isinstance(frame, protocol.StopRun):
-            self.send(self.host.runs.stop(frame.id))
-        elif isinstance(frame, protocol.ProbeRuns):
-            self.send(self.host.runs.probe(frame))
-        elif isinstance(frame, protocol.Auth):
-            self.send(protocol.Error(code="bad_field", message="this connection is already authenticated"))
-        else:
-            self.send(protocol.Error(code="unknown_type", message=f"a client does not send {frame.type!r} frames"))
+            return  # closing before auth (refused, or the host drains): nothing changes that
+        with self.lock:
+            events = self.session.receive(message)
+        self._handle_session_events(events)
 
-    def _authenticate(self, frame: protocol.Frame) -> None:
-        if not isinstance(frame, protocol.Auth):
-            self._refuse("unauthenticated", "the first frame must be auth")
-            return
-        # Constant time: how much of a guess matched must not show in the timing.
-        if not hmac.compare_digest(frame.token.encode(), self.host.token.encode()):
-            self._refuse("auth_failed", "invalid token")
-            return
-        self.authenticated = True
+    def _handle_session_events(self, events: list[server.Event]) -> None:
+        # What the session answered goes out first: a refusal's error frame precedes
+        # the close it asks for.
+        self._send_queued()
+        for event in events:
+            if isinstance(event, server.Authenticated):
+                self._authenticated(event.client)
+            elif isinstance(event, server.Refused):
+                log("connection_refused", conn=self.id, code=event.code)
+                self.close(CLOSE_POLICY_VIOLATION, event.code)
+            elif isinstance(event, server.ExecuteRequested):
+                self._execute(event.frame)
+            elif isinstance(event, server.CancelRequested):
+                if event.id not in self.executions or not self.host.admission.stop(
+                    event.id, "cancelled", "Execution was cancelled"
+                ):
+                    with self.lock:
+                        self.session.unknown_id(event.id)
+            elif isinstance(event, server.RunRequested):
+                self.send(self._answer_run(event.frame))
+        self._send_queued()
+
+    def _answer_run(self, frame: protocol.LaunchRun | protocol.StopRun | protocol.ProbeRuns) -> protocol.Frame:
+        if isinstance(frame, protocol.LaunchRun):
+            return self.host.runs.launch(frame)
+        if isinstance(frame, protocol.StopRun):
+            return self.host.runs.stop(frame.id)
+        return self.host.runs.probe(frame)
+
+    def _authenticated(self, client: str) -> None:
         draining = self.host.mark_authenticated(self)
-        log("connection_authenticated", conn=self.id, client=frame.client[:80], draining=draining)
+        log("connection_authenticated", conn=self.id, client=client, draining=draining)
         isolation = self.host.isolation
         self.send(
             protocol.AuthOk(
@@ -219,18 +226,7 @@ class Connection:
             )
         )
 
-    def _refuse(self, code: str, message: str) -> None:
-        """Answer an error frame and start the close handshake. The pre-auth byte cap
-        keeps applying until the socket is gone."""
-        log("connection_refused", conn=self.id, code=code)
-        self.send(protocol.Error(code=code, message=message))
-        self.close(CLOSE_POLICY_VIOLATION, code)
-
     def _execute(self, frame: protocol.Execute) -> None:
-        if frame.timeout_ms <= 0 or frame.memory_mb <= 0:
-            message = "timeout_ms and memory_mb must be positive"
-            self.send(protocol.Error(code="bad_field", message=message, id=frame.id))
-            return
         try:
             running = self.host.admission.admit(frame.id)
         except Refused as refusal:
@@ -259,19 +255,30 @@ class Connection:
 
     def send(self, frame: protocol.Frame) -> bool:
         """Send one frame if the connection is open; False if it is not."""
-        if isinstance(frame, protocol.Result):
-            # The raw output is capped per stream, but JSON escaping can still grow the
-            # frame past what a client accepts: cut it to fit, never send it too large.
-            frame = protocol.fit_result(frame)
         with self.lock:
+            self.session.send(frame)
+            return self._send_queued()
+
+    def drain(self, grace_ms: int) -> bool:
+        """Tell the client this host takes no new work (``draining``)."""
+        with self.lock:
+            self.session.drain(grace_ms)
+            return self._send_queued()
+
+    def _send_queued(self) -> bool:
+        """Write what the session queued; False when the connection is not open (the
+        frames are dropped: nobody would read them)."""
+        with self.lock:
+            texts = self.session.data_to_send()
             if self.ws.state is not State.OPEN:
                 return False
-            self.ws.send_text(protocol.encode(frame).encode("utf-8"))
+            for text in texts:
+                self.ws.send_text(text.encode("utf-8"))
             try:
                 self._flush()
             except OSError:
                 return False
-            return True
+            return bool(texts)
 
     def close(self, code: int, reason: str) -> None:
         """Start the WebSocket close handshake; the read loop finishes it or times out."""

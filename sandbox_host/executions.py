@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import protocol
+from holdfast_wire import protocol
+
 from .children import Child, ChildError, Limits
 from .isolation import Isolation
 from .log import log

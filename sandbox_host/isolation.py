@@ -35,8 +35,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from holdfast_wire import protocol
+
 from . import cgroups as cgroups_mod
-from . import defaults, protocol, sandbox, seccomp_policy, uids
+from . import defaults, sandbox, seccomp_policy, uids
 from .children import Child, ChildError, Limits, snippet_dir
 
 RLIMITS, SHARED_UID, SHARED_DIR, FULL = protocol.ISOLATION_LEVELS  # weakest first

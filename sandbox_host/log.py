@@ -1,32 +1,24 @@
-"""Structured logs: one ``key=value`` line per event on stderr.
+"""Structured logs: one logfmt line per event on stderr (``holdfast_wire.logfmt``, the
+style every Holdfast process writes), through stdlib ``logging``.
 
-Callers pass bounded scalars only (ids, counts, codes); a token is never a field.
+``log(event, **fields)`` passes the fields as data. Callers pass bounded scalars only
+(ids, counts, codes); a token is never a field. ``python -m sandbox_host`` installs the
+handler (``configure``); a record logged before that, or in a process that never
+installs it, follows that process's own logging setup.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
+import logging
 
-_lock = threading.Lock()
+from holdfast_wire.logfmt import configure, fields
 
+logger = logging.getLogger("holdfast.host")
 
-def _quote(value: object) -> str:
-    text = str(value)
-    if text == "" or any(c in text for c in ' ="\n'):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    return text
+__all__ = ["configure", "log", "logger"]
 
 
-def log(event: str, **fields: object) -> None:
-    """Write one event line: ``ts=... event=NAME k=v ...``."""
-    parts = [f"ts={time.time():.3f}", f"event={event}"]
-    parts += [f"{key}={_quote(value)}" for key, value in fields.items()]
-    line = " ".join(parts) + "\n"
-    with _lock:
-        try:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-        except (OSError, ValueError):  # stderr closed: logging must never kill the host
-            pass
+def log(event: str, *, level: str = "info", **values: object) -> None:
+    """Write one event: ``ts=... level=info logger=holdfast.host event=NAME k=v ...``;
+    ``level`` is the record's level name (``"warning"``), not a field."""
+    logger.log(logging.getLevelName(level.upper()), event, extra=fields(**values))

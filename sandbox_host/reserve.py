@@ -20,8 +20,9 @@ next one tried, then a fresh one: an execution is never lost to the reserve.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
+
+from holdfast_wire import backoff
 
 from . import defaults
 from .children import Child, ChildError, Limits
@@ -87,7 +88,7 @@ class Reserve:
         started, and a sandbox's parent-death signal (it must die with the host) fires
         when the thread that started it ends, not only the process. So after ``close``
         it parks instead of returning, while executions may still run in its sandboxes."""
-        backoff = defaults.DEFAULT_RESERVE_RETRY_S
+        failures = 0
         while True:
             with self._cond:
                 # Waking now and then to let go of sandboxes that died waiting, so the
@@ -105,10 +106,13 @@ class Reserve:
                 continue
             child = self._prepare()
             if child is None:
-                time.sleep(backoff)  # no free slot, or the sandbox would not start
-                backoff = min(backoff * 2, defaults.DEFAULT_RESERVE_RETRY_MAX_S)
+                # No free slot, or the sandbox would not start.
+                backoff.wait(
+                    failures, first_s=defaults.DEFAULT_RESERVE_RETRY_S, max_s=defaults.DEFAULT_RESERVE_RETRY_MAX_S
+                )
+                failures += 1
                 continue
-            backoff = defaults.DEFAULT_RESERVE_RETRY_S
+            failures = 0
             with self._cond:
                 if not self._closed:
                     self._ready.append(child)

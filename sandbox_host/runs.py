@@ -58,7 +58,9 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import defaults, protocol, run_uids, sandbox, seccomp_policy
+from holdfast_wire import protocol
+
+from . import defaults, run_uids, sandbox, seccomp_policy
 from .children import WRAPPER_PATH, kill_uid
 from .isolation import Isolation
 from .log import log

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import defaults, protocol
+from . import defaults
 from .connection import CLOSE_GOING_AWAY, Connection
 from .executions import Admission
 from .isolation import Isolation
@@ -192,7 +192,7 @@ class Host:
         in_flight = self.admission.in_flight()
         log("draining_started", grace_ms=int(grace_s * 1000), connections=len(notify), in_flight=in_flight)
         for conn in notify:
-            conn.send(protocol.Draining(grace_ms=int(grace_s * 1000)))
+            conn.drain(int(grace_s * 1000))
         if self.reserve is not None:
             # Nothing new starts here: let the waiting sandboxes go (after the clients
             # were told, so tearing them down delays no one's news).

@@ -6,6 +6,8 @@ import logging
 
 from celery import shared_task
 
+from holdfast_wire.logfmt import fields
+
 from . import idempotency
 
 log = logging.getLogger("holdfast.api")
@@ -15,5 +17,5 @@ log = logging.getLogger("holdfast.api")
 def purge_idempotency_records() -> int:
     deleted = idempotency.purge_expired()
     if deleted:
-        log.info("event=idempotency_records_purged count=%d", deleted)
+        log.info("idempotency_records_purged", extra=fields(count=deleted))
     return deleted

@@ -6,18 +6,20 @@ guards creation."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from controlplane.executions import dispatch, notify
+from controlplane.executions import dispatch, enqueue, notify
 from controlplane.executions.models import Execution, Status
 from controlplane.owners import admission
-from controlplane.sandbox.outcome import CANCELLED, WORKER_LOST, Outcome
+from controlplane.pool.outcome import CANCELLED, WORKER_LOST, Outcome
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
 
@@ -108,8 +110,6 @@ def sweep(now=None) -> dict[str, int]:
     * running far past its timeout: its worker died (SIGKILL, power). It may have run on
       a host, so it is never re-sent: it is marked interrupted.
     """
-    from controlplane.executions.tasks import run_execution
-
     now = now or timezone.now()
     dispatch.expire_overdue(now)
     requeue_before = now - timedelta(seconds=settings.EXECUTION_REQUEUE_AFTER_S)
@@ -117,7 +117,7 @@ def sweep(now=None) -> dict[str, int]:
     for pk in Execution.objects.filter(status=Status.QUEUED, created_at__lt=requeue_before).values_list(
         "pk", flat=True
     )[:500]:
-        run_execution.delay(str(pk))
+        enqueue.publish(enqueue.RUN_EXECUTION, str(pk))
         requeued += 1
     interrupted: list[str] = []
     grace = timedelta(seconds=settings.EXECUTION_STALE_GRACE_S + settings.SANDBOX_RESULT_GRACE_S)
@@ -133,9 +133,25 @@ def sweep(now=None) -> dict[str, int]:
                 interrupted.append(str(row.pk))
     if interrupted:
         # Slots freed: nudges parked because their owners were at the cap go out again.
-        from controlplane.executions.tasks import resend_parked
-
         resend_parked(interrupted[0], count=len(interrupted))
     if requeued or interrupted:
-        log.info("event=executions_swept requeued=%d interrupted=%d", requeued, len(interrupted))
+        log.info("executions_swept", extra=fields(requeued=requeued, interrupted=len(interrupted)))
     return {"requeued": requeued, "interrupted": len(interrupted)}
+
+
+def resend_parked(ended_id: str, count: int = 1) -> int:
+    """``ended_id`` ended, so its owner may be back under its active cap: send again up
+    to ``count`` nudges that found only owners at their cap (dispatch.py). Best effort:
+    a nudge not sent now is sent by the sweep, which nudges for every stale queued row.
+
+    The nudge names the ended row: a worker of the previous release, which claims the
+    row its message names, finds it taken and stops (it cannot parse an empty id)."""
+    sent = 0
+    try:
+        while sent < count and dispatch.release_parked():
+            enqueue.publish(enqueue.RUN_EXECUTION, ended_id)
+            sent += 1
+    except DatabaseError:
+        with contextlib.suppress(DatabaseError):
+            connection.close()  # a fresh connection for the next attempt
+    return sent

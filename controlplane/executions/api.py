@@ -15,7 +15,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controlplane.sandbox.outcome import CANCELLED, NO_WORKER
+from controlplane.pool.outcome import CANCELLED, NO_WORKER
+from holdfast_wire import backoff
 
 # The caller's wait beyond the execution's own timeout: queueing, connecting, moves.
 WAIT_MARGIN_S = 60.0
@@ -81,14 +82,13 @@ def submit(code: str, *, owner: str, timeout_s: float | None = None, memory_mb: 
     execution that slot runs is decided by the fair rule (dispatch.py)."""
     from django.db import transaction
 
-    from controlplane.executions import actions
-    from controlplane.executions.tasks import run_execution
+    from controlplane.executions import actions, enqueue
 
     with transaction.atomic():
         row = actions.create(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
         # Publish only once the row is visible to the worker that will claim it. One
         # nudge per accepted row: as many dispatches as there is work.
-        transaction.on_commit(lambda: run_execution.delay(str(row.pk)))
+        enqueue.enqueue_execution_on_commit(row.pk)
     return row.pk
 
 
@@ -131,7 +131,7 @@ def _wait(execution_id, woken, *, cancel: Cancel, wait_s: float | None, pickup_w
     row = Execution.objects.only("timeout_ms").get(pk=execution_id)
     started = time.monotonic()
     deadline = started + (wait_s if wait_s is not None else row.timeout_ms / 1000 + WAIT_MARGIN_S)
-    delay = POLL_FIRST_S
+    polls = 0
     cancel_sent = False
     stats.reads = 0
     while True:
@@ -157,8 +157,8 @@ def _wait(execution_id, woken, *, cancel: Cancel, wait_s: float | None, pickup_w
             # Woken by the result's notification, or by the safety net.
             woken.wait(max(0.0, min(SAFETY_POLL_S, deadline - time.monotonic())) or POLL_FIRST_S)
             continue
-        time.sleep(delay)
-        delay = min(delay * 1.5, POLL_MAX_S)
+        backoff.wait(polls, first_s=POLL_FIRST_S, max_s=POLL_MAX_S, factor=1.5)
+        polls += 1
 
 
 def cancel(execution_id: str) -> str:

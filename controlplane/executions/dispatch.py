@@ -41,6 +41,7 @@ from django.utils import timezone
 from controlplane.executions.models import DispatchTurn, Execution, Status
 from controlplane.owners.errors import QueueWaitExceeded
 from controlplane.owners.models import Owner
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
 
@@ -85,7 +86,7 @@ def expire_overdue(now=None) -> list[str]:
     for pk in expired:
         notify.publish(pk)
     if expired:
-        log.info("event=executions_queue_wait_exceeded count=%d", len(expired))
+        log.info("executions_queue_wait_exceeded", extra=fields(count=len(expired)))
     return expired
 
 
@@ -127,7 +128,7 @@ def claim_next(worker: str) -> str | None:
             if not eligible:
                 blocked = sum(queued.values())
                 DispatchTurn.objects.filter(pk=1).update(parked=min(turn.parked + 1, blocked))
-                log.info("event=dispatch_parked owners_at_cap=%d queued=%d", len(queued), blocked)
+                log.info("dispatch_parked", extra=fields(owners_at_cap=len(queued), queued=blocked))
                 return None
             owner, used = _next_owner(turn, eligible, weights)
             row = Execution.objects.filter(owner=owner, status=Status.QUEUED).order_by("created_at", "pk").first()

@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from django.conf import settings
 
 from controlplane import pgnotify
+from holdfast_wire import backoff
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
 
 CHANNEL = "holdfast_execution_results"
+# Reconnecting a lost listener: 0.1 s first (a blip), doubling to 5 s (an outage; the
+# waiters poll the row meanwhile, so a slow reconnect costs latency, not results).
+LISTEN_RETRY_FIRST_S = 0.1
+LISTEN_RETRY_MAX_S = 5.0
 
 
 def available() -> bool:
@@ -43,7 +48,7 @@ def publish(execution_id: str) -> None:
     try:
         pgnotify.send(CHANNEL, str(execution_id))
     except Exception as exc:
-        log.warning("event=result_notify_failed execution_id=%s error=%s", execution_id, exc.__class__.__name__)
+        log.warning("result_notify_failed", extra=fields(execution_id=execution_id, error=exc.__class__.__name__))
 
 
 class Listener:
@@ -85,13 +90,13 @@ class Listener:
     def _run(self) -> None:
         import psycopg
 
-        backoff = 0.1
+        failures = 0
         while not self._stop.is_set():
             try:
                 with psycopg.connect(autocommit=True, **pgnotify.connect_params()) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._ready.set()
-                    backoff = 0.1
+                    failures = 0
                     while not self._stop.is_set():
                         # Wakes at least every second to see whether it must stop.
                         for note in conn.notifies(timeout=1.0):
@@ -99,10 +104,13 @@ class Listener:
                             self._wake(note.payload)
             except Exception as exc:
                 self._ready.clear()
-                log.warning("event=results_listener_lost error=%s retry_s=%.1f", exc.__class__.__name__, backoff)
+                delay = backoff.delay(failures, first_s=LISTEN_RETRY_FIRST_S, max_s=LISTEN_RETRY_MAX_S)
+                log.warning(
+                    "results_listener_lost", extra=fields(error=exc.__class__.__name__, retry_s=round(delay, 1))
+                )
                 # Whoever waits now falls back on the safety-net poll until we are back.
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff.wait(failures, first_s=LISTEN_RETRY_FIRST_S, max_s=LISTEN_RETRY_MAX_S)
+                failures += 1
 
     def stop(self) -> None:
         """Close the connection (a test database about to be dropped, a process ending)."""

@@ -14,11 +14,13 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from controlplane.commands import first_line
-from controlplane.executions import actions, dispatch
+from controlplane.executions import actions, dispatch, enqueue
 from controlplane.executions.models import Execution
-from controlplane.sandbox import outcome as texts
-from controlplane.sandbox.outcome import ExecRequest, Outcome
-from controlplane.sandbox.pool import get_pool
+from controlplane.pool import outcome as texts
+from controlplane.pool.outcome import ExecRequest, Outcome
+from controlplane.pool.pool import get_pool
+from holdfast_wire import backoff
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
 
@@ -40,7 +42,25 @@ STORE_RETRY_MAX_S = 10.0
 TRANSIENT_DB_ERRORS = (OperationalError, InterfaceError)
 
 
-@shared_task(name="controlplane.executions.tasks.run_execution", acks_late=True, bind=True, max_retries=None)
+class DatabaseAway(Exception):
+    """A transient database error at a point where trying again is safe; Celery retries
+    the task on it (``autoretry_for``) with its own exponential backoff. No jitter: each
+    message retries for its own row, there is no herd of identical retries to spread."""
+
+
+# Celery's own exponential backoff (1, 2, 4 ... s, capped per task) on DatabaseAway,
+# for as long as it takes: acked late, so the message is never lost meanwhile.
+RETRIED_WHILE_DATABASE_AWAY = {
+    "acks_late": True,
+    "bind": True,
+    "max_retries": None,
+    "autoretry_for": (DatabaseAway,),
+    "retry_backoff": 1,
+    "retry_jitter": False,
+}
+
+
+@shared_task(name=enqueue.RUN_EXECUTION, **RETRIED_WHILE_DATABASE_AWAY, retry_backoff_max=CLAIM_RETRY_MAX_S)
 def run_execution(self, execution_id: str = "") -> None:
     """Dispatch one slot: claim the next queued execution by the fair rule (dispatch.py)
     and run it. ``execution_id`` is the row whose submission sent this nudge, kept for
@@ -53,9 +73,9 @@ def run_execution(self, execution_id: str = "") -> None:
         # The database is unreachable or (SQLite) locked: nothing was claimed or sent, so
         # trying again later is safe. Without this the message would be acked and lost.
         _drop_connection()
-        raise self.retry(exc=exc, countdown=min(2**self.request.retries, CLAIM_RETRY_MAX_S)) from None
+        raise DatabaseAway(exc.__class__.__name__) from exc
     if claimed is None:
-        log.info("event=execution_nothing_to_dispatch nudged_by=%s", execution_id)
+        log.info("execution_nothing_to_dispatch", extra=fields(nudged_by=execution_id))
         return
     execution_id = claimed
     row = _with_db_patience(lambda: Execution.objects.only("code", "timeout_ms", "memory_mb").get(pk=execution_id))
@@ -70,18 +90,17 @@ def run_execution(self, execution_id: str = "") -> None:
         # The outcome exists only in this process: hand it to the broker, which keeps it
         # durably (Redis; a restarted worker gets it back) until the database takes it.
         store_outcome.apply_async(args=[execution_id, asdict(outcome), time.time()], countdown=1)
-        log.warning("event=execution_result_spooled execution_id=%s status=%s", execution_id, outcome.status)
+        log.warning("execution_result_spooled", extra=fields(execution_id=execution_id, status=outcome.status))
         return
     log.info(
-        "event=execution_finished execution_id=%s status=%s host_id=%s attempts=%d",
-        execution_id,
-        outcome.status,
-        outcome.host_id,
-        outcome.attempts,
+        "execution_finished",
+        extra=fields(
+            execution_id=execution_id, status=outcome.status, host_id=outcome.host_id, attempts=outcome.attempts
+        ),
     )
 
 
-@shared_task(name="controlplane.executions.tasks.store_outcome", acks_late=True, bind=True, max_retries=None)
+@shared_task(name=enqueue.STORE_OUTCOME, **RETRIED_WHILE_DATABASE_AWAY, retry_backoff_max=STORE_RETRY_MAX_S)
 def store_outcome(self, execution_id: str, outcome: dict, first_failed_at: float) -> None:
     """Record an outcome the worker that ran it could not store (a database outage).
 
@@ -97,20 +116,20 @@ def store_outcome(self, execution_id: str, outcome: dict, first_failed_at: float
         waited = time.time() - first_failed_at
         if waited > settings.EXECUTION_RESULT_STORE_PATIENCE_S:
             log.error(
-                "event=execution_result_lost execution_id=%s status=%s waited_s=%.0f",
-                execution_id,
-                result.status,
-                waited,
+                "execution_result_lost",
+                extra=fields(execution_id=execution_id, status=result.status, waited_s=round(waited)),
             )
             return
-        raise self.retry(exc=exc, countdown=min(2**self.request.retries, STORE_RETRY_MAX_S)) from None
+        raise DatabaseAway(exc.__class__.__name__) from exc
     log.info(
-        "event=execution_finished execution_id=%s status=%s host_id=%s attempts=%d spooled_s=%.1f",
-        execution_id,
-        result.status,
-        result.host_id,
-        result.attempts,
-        time.time() - first_failed_at,
+        "execution_finished",
+        extra=fields(
+            execution_id=execution_id,
+            status=result.status,
+            host_id=result.host_id,
+            attempts=result.attempts,
+            spooled_s=round(time.time() - first_failed_at, 1),
+        ),
     )
 
 
@@ -129,7 +148,7 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
         raise
     except DatabaseError as exc:
         log.error(
-            "event=execution_result_refused execution_id=%s error=%s", execution_id, type(exc).__name__, exc_info=True
+            "execution_result_refused", extra=fields(execution_id=execution_id, error=type(exc).__name__), exc_info=True
         )
         refused = Outcome.system(
             "failed",
@@ -140,26 +159,9 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
         )
         recorded = _with_db_patience(lambda: actions.finish(execution_id, refused), attempts=attempts)
     if not recorded:
-        log.warning("event=execution_result_not_recorded execution_id=%s reason=not_running", execution_id)
+        log.warning("execution_result_not_recorded", extra=fields(execution_id=execution_id, reason="not_running"))
         return
-    resend_parked(execution_id)
-
-
-def resend_parked(ended_id: str, count: int = 1) -> int:
-    """``ended_id`` ended, so its owner may be back under its active cap: send again up
-    to ``count`` nudges that found only owners at their cap (dispatch.py). Best effort:
-    a nudge not sent now is sent by the sweep, which nudges for every stale queued row.
-
-    The nudge names the ended row: a worker of the previous release, which claims the
-    row its message names, finds it taken and stops (it cannot parse an empty id)."""
-    sent = 0
-    try:
-        while sent < count and dispatch.release_parked():
-            run_execution.delay(ended_id)
-            sent += 1
-    except DatabaseError:
-        _drop_connection()
-    return sent
+    actions.resend_parked(execution_id)
 
 
 def _drop_connection() -> None:
@@ -177,11 +179,11 @@ def _with_db_patience(call, *, attempts: int = STORE_ATTEMPTS):
             _drop_connection()
             if attempt == attempts - 1:
                 raise
-            time.sleep(min(2**attempt, CLAIM_RETRY_MAX_S))
+            backoff.wait(attempt, first_s=1.0, max_s=CLAIM_RETRY_MAX_S)
     raise AssertionError("unreachable")
 
 
-@shared_task(name="controlplane.executions.tasks.sweep_executions")
+@shared_task(name=enqueue.SWEEP_EXECUTIONS)
 def sweep_executions() -> dict[str, int]:
     return actions.sweep()
 

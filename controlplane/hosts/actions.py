@@ -16,6 +16,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.hosts.models import DrainSource, SandboxHost, State
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.hosts")
 
@@ -54,11 +55,13 @@ def drain(row: SandboxHost, *, source: str = DrainSource.OPERATOR, now: datetime
     if changed:
         row.refresh_from_db()
         log.info(
-            "event=drain_started host=%s host_id=%s source=%s started_at=%s",
-            row.name,
-            row.reported_id,
-            source,
-            row.drain_started_at.isoformat() if row.drain_started_at else "",
+            "drain_started",
+            extra=fields(
+                host=row.name,
+                host_id=row.reported_id,
+                source=source,
+                started_at=row.drain_started_at.isoformat() if row.drain_started_at else "",
+            ),
         )
     return bool(changed)
 
@@ -71,7 +74,7 @@ def activate(row: SandboxHost, *, reason: str) -> bool:
         .update(state=State.ACTIVE, drained_by=DrainSource.NONE, drain_started_at=None)
     )
     if changed:
-        log.info("event=host_active host=%s host_id=%s reason=%r", row.name, row.reported_id, reason)
+        log.info("host_active", extra=fields(host=row.name, host_id=row.reported_id, reason=reason))
     return bool(changed)
 
 
@@ -143,11 +146,13 @@ def sweep_gone(*, now: datetime | None = None) -> int:
         ):
             gone += 1
             log.info(
-                "event=host_gone host=%s host_id=%s source=%s drain_s=%.1f",
-                row.name,
-                row.reported_id,
-                row.drained_by or "-",
-                (now - row.drain_started_at).total_seconds() if row.drain_started_at else 0.0,
+                "host_gone",
+                extra=fields(
+                    host=row.name,
+                    host_id=row.reported_id,
+                    source=row.drained_by or "-",
+                    drain_s=round((now - row.drain_started_at).total_seconds() if row.drain_started_at else 0.0, 1),
+                ),
             )
     return gone
 

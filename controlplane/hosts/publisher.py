@@ -11,10 +11,8 @@ Every ``HOSTS_SNAPSHOT_INTERVAL_S`` it
 
 A host's ``draining`` frame is short-lived evidence: an idle connection that hears it
 closes at once and the pool prunes it on its next acquire, possibly before any snapshot.
-So the publisher also listens to the pool's own structured log record
-(``event=connection_retiring ... reason='host draining'``, emitted in this process) and
-remembers those host ids until the next publish; scanning each housekeeping tick's
-snapshot is the fallback when INFO logging is turned off.
+So the publisher is also a pool listener (``PoolListener.connection_retiring``): it
+remembers the hosts whose connections retired as draining until the next publish.
 """
 
 from __future__ import annotations
@@ -30,7 +28,9 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from controlplane.hosts import actions, snapshots
-from controlplane.sandbox.pool import SandboxPool
+from controlplane.pool.pool import SandboxPool
+from controlplane.pool.state import ConnectionSnapshot, PoolListener, RetireReason
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.hosts")
 
@@ -43,23 +43,7 @@ def worker_label() -> str:
     return f"{socket.gethostname()} pid={os.getpid()}"
 
 
-class _RetireListener(logging.Handler):
-    """Hears the pool's ``connection_retiring`` records in this process."""
-
-    def __init__(self, publisher: Publisher) -> None:
-        super().__init__(level=logging.INFO)
-        self._publisher = weakref.ref(publisher)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        publisher = self._publisher()
-        args = record.args if isinstance(record.args, tuple) else ()
-        if publisher is None or not str(record.msg).startswith("event=connection_retiring") or len(args) < 2:
-            return
-        if args[1] == actions.HOST_DRAINING_REASON and args[0]:
-            publisher.heard_draining(str(args[0]))
-
-
-class Publisher:
+class Publisher(PoolListener):
     def __init__(
         self,
         worker: str,
@@ -79,10 +63,12 @@ class Publisher:
     def heard_draining(self, host_id: str) -> None:
         self._heard_draining.add(host_id)  # set.add is atomic under the GIL
 
+    def connection_retiring(self, conn: ConnectionSnapshot) -> None:
+        """The pool's hook: a connection retires because its host said it drains."""
+        if conn.retire_reason is RetireReason.HOST_DRAINING and conn.host_id:
+            self.heard_draining(conn.host_id)
+
     def __call__(self, pool: SandboxPool) -> None:
-        for conn in pool.snapshot():
-            if conn.get("retire_reason") == actions.HOST_DRAINING_REASON and conn.get("host_id"):
-                self.heard_draining(conn["host_id"])
         if self._clock() - self._last < self.interval_s:
             return
         self._last = self._clock()
@@ -98,7 +84,7 @@ class Publisher:
         hosts = snapshots.summarize(pool.snapshot(), pool.finished_since(self.finished_window_s))
         heard, self._heard_draining = self._heard_draining, set()
         for host_id in heard:
-            item = hosts.setdefault(host_id, snapshots.summarize([{"host_id": host_id}], {})[host_id])
+            item = hosts.setdefault(host_id, snapshots.empty_host())
             if actions.HOST_DRAINING_REASON not in item["retire_reasons"]:
                 item["retire_reasons"].append(actions.HOST_DRAINING_REASON)
         snapshot = {
@@ -126,7 +112,9 @@ def install(pool: SandboxPool) -> Publisher:
         finished_window_s=settings.HOSTS_FINISHED_WINDOW_S,
     )
     _installed[pool] = publisher
-    logging.getLogger("holdfast.pool").addHandler(_RetireListener(publisher))
+    pool.add_listener(publisher)
     pool.add_housekeeping_hook(publisher)
-    log.info("event=snapshot_publisher_started worker=%r interval_s=%.1f", publisher.worker, publisher.interval_s)
+    log.info(
+        "snapshot_publisher_started", extra=fields(worker=publisher.worker, interval_s=round(publisher.interval_s, 1))
+    )
     return publisher

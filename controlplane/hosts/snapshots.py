@@ -25,9 +25,11 @@ from collections.abc import Iterable
 from django.conf import settings
 from django.core.cache import cache
 
+from controlplane.pool.state import ConnectionSnapshot, ConnState
+
 KEY_PREFIX = "holdfast:hosts:worker:"
 INDEX_KEY = "holdfast:hosts:workers"
-LIVE_STATES = ("open", "retiring")
+LIVE_STATES = (ConnState.OPEN, ConnState.RETIRING)
 
 
 def worker_key(worker: str) -> str:
@@ -35,55 +37,53 @@ def worker_key(worker: str) -> str:
     return KEY_PREFIX + re.sub(r"[^A-Za-z0-9_.:@-]", "_", worker)[:200]
 
 
-def summarize(connections: Iterable[dict], finished_recent: dict[str, int]) -> dict[str, dict]:
-    """Fold ``SandboxPool.snapshot()`` rows into per-host figures."""
+def empty_host() -> dict:
+    """One host's figures before any connection is counted."""
+    return {
+        "connections": 0,
+        "retiring": 0,
+        "oldest_age_s": 0.0,
+        "youngest_open_age_s": None,
+        "in_flight": 0,
+        "finished_recent": 0,
+        "retire_reasons": [],
+        "urls": [],
+        "isolation": "",
+        "reserve": None,
+    }
+
+
+def summarize(connections: Iterable[ConnectionSnapshot], finished_recent: dict[str, int]) -> dict[str, dict]:
+    """Fold ``SandboxPool.snapshot()`` rows into per-host figures (JSON-safe)."""
     hosts: dict[str, dict] = {}
 
-    def entry(host_id: str) -> dict:
-        return hosts.setdefault(
-            host_id,
-            {
-                "connections": 0,
-                "retiring": 0,
-                "oldest_age_s": 0.0,
-                "youngest_open_age_s": None,
-                "in_flight": 0,
-                "finished_recent": 0,
-                "retire_reasons": [],
-                "urls": [],
-                "isolation": "",
-                "reserve": None,
-            },
-        )
-
     for conn in connections:
-        host_id = conn.get("host_id") or ""
-        if not host_id:
+        if not conn.host_id:
             continue
-        item = entry(host_id)
-        item["isolation"] = conn.get("isolation") or item["isolation"]
-        if conn.get("reserve") is not None:
-            item["reserve"] = conn["reserve"]
-        reason = conn.get("retire_reason") or ""
+        item = hosts.setdefault(conn.host_id, empty_host())
+        item["isolation"] = conn.isolation or item["isolation"]
+        if conn.reserve is not None:
+            item["reserve"] = conn.reserve
+        reason = str(conn.retire_reason or "")
         if reason and reason not in item["retire_reasons"]:
             # Kept even for closed connections: an idle connection that got the host's
             # draining frame closes at once, and this is how the drain is still seen.
             item["retire_reasons"].append(reason)
-        if conn.get("state") not in LIVE_STATES:
+        if conn.state not in LIVE_STATES:
             continue
         item["connections"] += 1
-        item["in_flight"] += int(conn.get("in_flight") or 0)
-        age = float(conn.get("age_s") or 0.0)
+        item["in_flight"] += conn.in_flight
+        age = float(conn.age_s)
         item["oldest_age_s"] = max(item["oldest_age_s"], round(age, 1))
-        if conn.get("state") == "retiring":
+        if conn.state is ConnState.RETIRING:
             item["retiring"] += 1
         elif item["youngest_open_age_s"] is None or age < item["youngest_open_age_s"]:
             item["youngest_open_age_s"] = round(age, 1)
-        if conn.get("url") and conn["url"] not in item["urls"]:
-            item["urls"].append(conn["url"])
+        if conn.url and conn.url not in item["urls"]:
+            item["urls"].append(conn.url)
     for host_id, count in finished_recent.items():
         if host_id:
-            entry(host_id)["finished_recent"] = count
+            hosts.setdefault(host_id, empty_host())["finished_recent"] = count
     return hosts
 
 

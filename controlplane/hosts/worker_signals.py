@@ -17,7 +17,7 @@ log = logging.getLogger("holdfast.hosts")
 
 def _install() -> None:
     from controlplane.hosts import publisher
-    from controlplane.sandbox.pool import get_pool
+    from controlplane.pool.pool import get_pool
 
     publisher.install(get_pool())
 
@@ -43,4 +43,4 @@ def _on_shutdown(**_: object) -> None:
     try:
         snapshots.withdraw(publisher.worker_label())
     except Exception:  # the cache may be gone already; the TTL removes the key anyway
-        log.warning("event=snapshot_withdraw_failed", exc_info=True)
+        log.warning("snapshot_withdraw_failed", exc_info=True)

@@ -24,8 +24,9 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from controlplane.owners import admission
+from holdfast_wire.logfmt import fields
 
-from . import credentials, notifications, receipts
+from . import credentials, dispatch, notifications, receipts
 from .errors import (
     BatchKeyConflict,
     EventsTruncated,
@@ -206,7 +207,7 @@ def _truncate_events(run: Run, seq: int, data: dict) -> None:
     RunEvent.objects.create(run=run, seq=seq, type=EVENTS_TRUNCATED, data=data, ts=now)
     Run.objects.filter(pk=run.pk).update(events_truncated_at=now)
     logger.warning(
-        "event=run_events_truncated run_id=%s reason=%s events_stored=%d", run.pk, data["reason"], data["events_stored"]
+        "run_events_truncated", extra=fields(run_id=run.pk, reason=data["reason"], events_stored=data["events_stored"])
     )
 
 
@@ -228,9 +229,7 @@ def cancel_run(run_id: object, reason: str = "cancelled by operator") -> bool:
     its host by a task, once the cancel is committed."""
     claimed = _finish(run_id, RunStatus.CANCELLED, error=reason) is not None
     if claimed:
-        from .tasks import stop_run_sandbox
-
-        transaction.on_commit(lambda: stop_run_sandbox.delay(str(run_id)))
+        dispatch.enqueue_stop_on_commit(run_id)
     return claimed
 
 
@@ -251,9 +250,7 @@ def fail_run(
     """
     claimed = _finish(run_id, RunStatus.FAILED, exit_code=exit_code, error=error, guard=guard) is not None
     if claimed and stop_sandbox:
-        from .tasks import stop_run_sandbox
-
-        transaction.on_commit(lambda: stop_run_sandbox.delay(str(run_id)))
+        dispatch.enqueue_stop_on_commit(run_id)
     return claimed
 
 

@@ -1,9 +1,11 @@
 """The real launch driver: asks a sandbox host over its WebSocket protocol.
 
-One short connection per launch (launches are rare next to executions, so they do not
-share the executions pool): connect, authenticate, send ``launch_run``, await
-``run_launched``. ``HOLDFAST_SANDBOX_URL`` may list several addresses (comma-separated,
-as for the pool) or one balancer. Reconcile probes hosts through this same driver
+Each call is a thin shell around one ``holdfast_wire.client.ClientSession`` (the same
+client the executions pool uses), opened by ``wsclient.dial``. One short connection per
+launch (launches are rare next to executions, so they do not share the executions
+pool): connect, authenticate, send ``launch_run``, await ``run_launched``.
+``HOLDFAST_SANDBOX_URL`` may list several addresses (comma-separated, parsed by
+``holdfast_wire.addresses`` as for the pool) or one balancer. Reconcile probes hosts through this same driver
 (``probe``: one ``probe_runs`` round trip per host per tick), and cancels and
 reconcile stop sandboxes through it (``stop``).
 
@@ -34,8 +36,9 @@ from dataclasses import dataclass
 
 import websocket
 
-from controlplane.sandbox import wsclient
-from sandbox_host import protocol
+from controlplane.pool import wsclient
+from holdfast_wire import addresses, client, protocol
+from holdfast_wire.logfmt import fields
 
 from .launcher import LaunchAck, LaunchRefused, LaunchRequest, LaunchUnavailable, SandboxProbe
 
@@ -53,6 +56,41 @@ class _TryElsewhere(Exception):
     """This host started nothing for the run: another address may be asked now."""
 
 
+class _Late(Exception):
+    """The host did not answer before the deadline."""
+
+
+class _Call:
+    """One short, authenticated connection: a client session over one socket."""
+
+    def __init__(self, ws: websocket.WebSocket, session: client.ClientSession) -> None:
+        self.ws = ws
+        self.session = session
+
+    def send(self, frame: protocol.Frame) -> None:
+        self.ws.send(self.session.send(frame))
+
+    def receive(self, deadline: float) -> list[client.Event]:
+        """The events of the next message; ``_Late`` past ``deadline``. Socket errors
+        (``OSError``, ``WebSocketException``) are the caller's to judge."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Late()
+        self.ws.settimeout(remaining)
+        try:
+            message = self.ws.recv()
+        except websocket.WebSocketTimeoutException:
+            raise _Late() from None
+        except UnicodeDecodeError:
+            # The library's UTF-8 check is skipped (see ``_connect``), so ``recv`` decodes
+            # strictly: a bad byte is an unreadable frame, ignored like any other.
+            return [client.Ignored("malformed_json")]
+        return self.session.receive(message)
+
+    def close(self) -> None:
+        self.ws.close()
+
+
 @dataclass(frozen=True)
 class WebSocketLaunchDriver:
     urls: tuple[str, ...]
@@ -68,7 +106,7 @@ class WebSocketLaunchDriver:
         from django.conf import settings
 
         return cls(
-            urls=tuple(u.strip() for u in settings.SANDBOX_URL.split(",") if u.strip()),
+            urls=addresses.parse(settings.SANDBOX_URL),
             token=settings.SANDBOX_TOKEN,
             connect_timeout_s=settings.SANDBOX_CONNECT_TIMEOUT_S,
             reply_timeout_s=settings.RUNS_LAUNCH_REPLY_TIMEOUT_S,
@@ -85,7 +123,7 @@ class WebSocketLaunchDriver:
                 return self._launch_on(url, request)
             except _TryElsewhere as exc:
                 reasons.append(str(exc))
-                log.info("event=run_launch_elsewhere run_id=%s url=%s reason=%s", request.run_id, url, exc)
+                log.info("run_launch_elsewhere", extra=fields(run_id=request.run_id, url=url, reason=exc))
         raise LaunchUnavailable("no host took the run: " + "; ".join(reasons or ["no address configured"]))
 
     def stop(self, run_id: str, host_id: str) -> bool:
@@ -98,32 +136,28 @@ class WebSocketLaunchDriver:
         for attempt in range(STOP_DIALS * max(1, len(self.urls))):
             url = self.urls[attempt % len(self.urls)]
             try:
-                ws, auth_ok = self._connect(url)
+                call = self._connect(url)
             except _TryElsewhere:
                 continue
             try:
-                if auth_ok.host_id != host_id:
+                if call.session.host_id != host_id:
                     continue
-                ws.send(protocol.encode(protocol.StopRun(id=run_id)))
+                call.send(protocol.StopRun(id=run_id))
                 deadline = time.monotonic() + self.reply_timeout_s
-                while time.monotonic() < deadline:
-                    ws.settimeout(max(0.1, deadline - time.monotonic()))
-                    try:
-                        frame = protocol.decode(ws.recv())
-                    except (protocol.ProtocolError, UnicodeDecodeError):
-                        continue
-                    if isinstance(frame, protocol.RunStopped) and frame.id == run_id:
-                        log.info(
-                            "event=run_stopped run_id=%s host_id=%s was_running=%s", run_id, host_id, frame.was_running
-                        )
-                        return True
-                    if isinstance(frame, protocol.Error) and frame.id in (run_id, None):
-                        return False
-                return False
-            except (OSError, websocket.WebSocketException):
+                while True:
+                    for event in call.receive(deadline):
+                        if isinstance(event, client.Answered) and isinstance(event.frame, protocol.RunStopped):
+                            was_running = event.frame.was_running
+                            log.info(
+                                "run_stopped", extra=fields(run_id=run_id, host_id=host_id, was_running=was_running)
+                            )
+                            return True
+                        if isinstance(event, (client.Answered, client.HostError)):
+                            return False  # an error naming the stop, or none
+            except (_Late, OSError, websocket.WebSocketException):
                 return False
             finally:
-                ws.close()
+                call.close()
         return False
 
     def probe(self, run_ids_by_host: dict[str, list[str]]) -> dict[str, dict[str, SandboxProbe]]:
@@ -145,22 +179,22 @@ class WebSocketLaunchDriver:
         def dial(url: str) -> bool:
             """Probe the host behind ``url`` if it is wanted; True if it was reached."""
             try:
-                ws, auth_ok = self._connect(url, any_isolation=True)
+                call = self._connect(url, any_isolation=True)
             except _TryElsewhere:
                 return False  # unreachable this tick: its host stays silent
             try:
-                host = auth_ok.host_id
+                host = call.session.host_id
                 with lock:
                     mine = host in wanted and host not in claimed
                     claimed.add(host)
                 if mine:
-                    statuses = self._probe_on(ws, wanted[host])
+                    statuses = self._probe_on(call, wanted[host])
                     if statuses is not None:
                         with lock:
                             answers[host] = statuses
                 return True
             finally:
-                ws.close()
+                call.close()
 
         urls = list(self.urls)
         for _ in range(STOP_DIALS):
@@ -173,105 +207,89 @@ class WebSocketLaunchDriver:
             urls = urls if len(self.urls) == 1 and all(reached) else []
         silent = sorted(set(wanted) - set(answers))
         if silent:
-            log.info("event=run_probe_silent hosts=%s", ",".join(silent))
+            log.info("run_probe_silent", extra=fields(hosts=",".join(silent)))
         return answers
 
-    def _probe_on(self, ws: websocket.WebSocket, run_ids: list[str]) -> dict[str, SandboxProbe] | None:
+    def _probe_on(self, call: _Call, run_ids: list[str]) -> dict[str, SandboxProbe] | None:
         chunks = [run_ids[i : i + protocol.MAX_PROBE_IDS] for i in range(0, len(run_ids), protocol.MAX_PROBE_IDS)]
         pending = {f"probe-{i}": chunk for i, chunk in enumerate(chunks)}
         statuses: dict[str, SandboxProbe] = {}
         try:
             for ref, chunk in pending.items():
-                ws.send(protocol.encode(protocol.ProbeRuns(ids=chunk, ref=ref)))
+                call.send(protocol.ProbeRuns(ids=chunk, ref=ref))
             deadline = time.monotonic() + self.probe_timeout_s
             while pending:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                ws.settimeout(remaining)
-                try:
-                    frame = protocol.decode(ws.recv())
-                except (protocol.ProtocolError, UnicodeDecodeError):
-                    continue
-                if isinstance(frame, protocol.RunStatus) and frame.ref in pending:
-                    for run_id in pending.pop(frame.ref):
-                        item = frame.statuses.get(run_id)
+                for event in call.receive(deadline):
+                    if isinstance(event, client.HostError):
+                        return None  # e.g. unknown_type: a host of a release without runs
+                    if not (isinstance(event, client.Answered) and isinstance(event.frame, protocol.RunStatus)):
+                        continue
+                    for run_id in pending.pop(event.id, []):
+                        item = event.frame.statuses.get(run_id)
                         if not isinstance(item, dict) or item.get("status") not in protocol.RUN_STATUSES:
                             # Not named, or a status of a newer host we cannot read: it
                             # proves nothing, so this run is left out (untouched).
                             continue
                         code = item.get("exit_code")
                         statuses[run_id] = SandboxProbe(item["status"], code if isinstance(code, int) else None)
-                elif isinstance(frame, protocol.Error) and frame.id is None:
-                    return None  # e.g. unknown_type: a host of a release without runs
-        except (OSError, websocket.WebSocketException):
+        except (_Late, OSError, websocket.WebSocketException):
             return None
         return statuses
 
     def _launch_on(self, url: str, request: LaunchRequest) -> LaunchAck:
-        ws, auth_ok = self._connect(url)
+        call = self._connect(url)
         try:
-            if auth_ok.draining:
+            if call.session.draining:
                 raise _TryElsewhere("draining")
             frame = protocol.LaunchRun(
                 id=request.run_id, key=request.launch_key, control_plane_url=request.control_plane_url
             )
             try:
-                ws.send(protocol.encode(frame))
+                call.send(frame)
             except (OSError, websocket.WebSocketException) as exc:
                 # A send that failed may still have put the frame on the wire.
                 raise LaunchUnavailable(f"connection lost sending the launch: {type(exc).__name__}") from None
-            return self._await_answer(ws, auth_ok.host_id, request.run_id)
+            return self._await_answer(call)
         finally:
-            ws.close()
+            call.close()
 
-    def _connect(self, url: str, *, any_isolation: bool = False) -> tuple[websocket.WebSocket, protocol.AuthOk]:
+    def _connect(self, url: str, *, any_isolation: bool = False) -> _Call:
         """Connected and authenticated, or ``_TryElsewhere``: nothing about the run was sent.
         ``any_isolation``: a probe sends nothing secret and must see every host that may
         hold runs, whatever its level (a run is never launched below the level anyway)."""
+        session = client.ClientSession(
+            token=self.token,
+            client=f"launcher pid={os.getpid()}",
+            # A run's sandbox holds its key and job: never on a host below the required level.
+            required_isolation=None if any_isolation else self.required_isolation,
+        )
         try:
             # The library's UTF-8 check is pure Python (most of a 10,000-run probe's
             # time); a text frame is still decoded strictly by ``recv``, so a bad byte
-            # raises UnicodeDecodeError there, which callers treat as an unreadable frame.
-            ws = wsclient.create_connection(url, timeout=self.connect_timeout_s, skip_utf8_validation=True)
-        except (OSError, websocket.WebSocketException) as exc:
-            raise _TryElsewhere(f"connect: {type(exc).__name__}") from None
-        try:
-            ws.send(protocol.encode(protocol.Auth(token=self.token, client=f"launcher pid={os.getpid()}")))
-            reply = protocol.decode(ws.recv())
-        except (OSError, websocket.WebSocketException, protocol.ProtocolError, UnicodeDecodeError) as exc:
-            ws.close()
-            raise _TryElsewhere(f"auth: {type(exc).__name__}") from None
-        if not isinstance(reply, protocol.AuthOk):
-            ws.close()
-            raise _TryElsewhere(f"auth refused: {getattr(reply, 'code', reply.type)}")
-        # A run's sandbox holds its key and job: never on a host below the required level.
-        refusal = protocol.isolation_refusal(reply.isolation, self.required_isolation)
-        if refusal and not any_isolation:
-            ws.close()
-            raise _TryElsewhere(f"host {reply.host_id}: {refusal}")
-        return ws, reply
+            # raises UnicodeDecodeError there, which ``_Call`` treats as an unreadable frame.
+            ws, _ = wsclient.dial(url, session, timeout_s=self.connect_timeout_s, skip_utf8_validation=True)
+        except wsclient.DialFailed as exc:
+            raise _TryElsewhere(str(exc)) from None
+        return _Call(ws, session)
 
-    def _await_answer(self, ws: websocket.WebSocket, host_id: str, run_id: str) -> LaunchAck:
+    def _await_answer(self, call: _Call) -> LaunchAck:
         deadline = time.monotonic() + self.reply_timeout_s
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise LaunchUnavailable("the host did not answer the launch in time")
-            ws.settimeout(remaining)
             try:
-                frame = protocol.decode(ws.recv())
+                events = call.receive(deadline)
+            except _Late:
+                raise LaunchUnavailable("the host did not answer the launch in time") from None
             except (OSError, websocket.WebSocketException) as exc:
                 raise LaunchUnavailable(f"connection lost awaiting the launch: {type(exc).__name__}") from None
-            except (protocol.ProtocolError, UnicodeDecodeError):
-                continue  # a frame of a newer host we cannot read: not our answer
-            if isinstance(frame, protocol.RunLaunched) and frame.id == run_id:
-                return LaunchAck(host_id=host_id, already_launched=frame.already)
-            if isinstance(frame, protocol.NotStarted) and frame.id == run_id:
-                raise _TryElsewhere(f"not_started({frame.reason})")
-            if isinstance(frame, protocol.Error) and frame.id in (run_id, None):
-                if frame.code == "unknown_type":
-                    # A host of a release without runs: it started nothing.
-                    raise _TryElsewhere("host does not launch runs")
-                raise LaunchRefused(f"host refused the launch: {frame.code}")
-            # ``draining`` after our frame: the host still answers the launch itself.
+            for event in events:
+                if isinstance(event, client.Movable):
+                    raise _TryElsewhere(f"not_started({event.frame.reason})")
+                frame = event.frame if isinstance(event, (client.Answered, client.HostError)) else None
+                if isinstance(frame, protocol.RunLaunched):
+                    return LaunchAck(host_id=call.session.host_id, already_launched=frame.already)
+                if isinstance(frame, protocol.Error):
+                    if frame.code == "unknown_type":
+                        # A host of a release without runs: it started nothing.
+                        raise _TryElsewhere("host does not launch runs")
+                    raise LaunchRefused(f"host refused the launch: {frame.code}")
+                # ``draining`` after our frame: the host still answers the launch itself.

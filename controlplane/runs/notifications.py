@@ -34,10 +34,12 @@ from datetime import timedelta
 from urllib.parse import urlparse
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from holdfast_wire.logfmt import fields
+
+from . import dispatch
 from .errors import BadRequest
 
 log = logging.getLogger("holdfast.runs")
@@ -89,13 +91,7 @@ def record(run) -> None:
         run=run, status=run.status, defaults={"url": run.callback_url}
     )
     if created:
-        transaction.on_commit(lambda: _enqueue(notification.id))
-
-
-def _enqueue(notification_id: int) -> None:
-    from .tasks import deliver_notification
-
-    deliver_notification.delay(notification_id)
+        dispatch.enqueue_notification_on_commit(notification.id)
 
 
 def body_of(notification) -> bytes:
@@ -184,15 +180,15 @@ def deliver(notification_id: int) -> Attempt:
             delivered_at=timezone.now(), attempts=attempts, lease_until=None, last_error=""
         )
         log.info(
-            "event=run_notified run_id=%s status=%s attempts=%d", notification.run_id, notification.status, attempts
+            "run_notified", extra=fields(run_id=notification.run_id, status=notification.status, attempts=attempts)
         )
         return Attempt(sent=True, delivered=True)
     if attempts >= settings.NOTIFY_MAX_ATTEMPTS:
         RunNotification.objects.filter(pk=notification_id).update(
             attempts=attempts, lease_until=None, last_error=error, abandoned_at=timezone.now()
         )
-        log.warning("event=run_notify_abandoned run_id=%s attempts=%d error=%s", notification.run_id, attempts, error)
+        log.warning("run_notify_abandoned", extra=fields(run_id=notification.run_id, attempts=attempts, error=error))
         return Attempt(sent=True, delivered=False)
     RunNotification.objects.filter(pk=notification_id).update(attempts=attempts, lease_until=None, last_error=error)
-    log.info("event=run_notify_retry run_id=%s attempts=%d error=%s", notification.run_id, attempts, error)
+    log.info("run_notify_retry", extra=fields(run_id=notification.run_id, attempts=attempts, error=error))
     return Attempt(sent=True, delivered=False, retry_in_s=retry_delay_s(attempts))

@@ -37,8 +37,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.hosts import probe_log
+from holdfast_wire.logfmt import fields
 
-from . import actions, launcher
+from . import actions, dispatch, launcher
 from .models import PROBED_STATUSES, FailureReason, Run, RunStatus
 
 log = logging.getLogger("holdfast.runs")
@@ -94,14 +95,16 @@ def tick(*, now: datetime | None = None, driver: object | None = None) -> TickRe
     _republish_notifications(report, clock)
     report.duration_s = (timezone.now() - started).total_seconds() if now is None else 0.0
     log.info(
-        "event=reconcile_tick hosts=%d silent=%d stamped=%d cleared=%d failed=%d relaunched=%d lost_races=%d",
-        len(report.probed),
-        len(report.silent_hosts),
-        len(report.stamped),
-        len(report.cleared),
-        sum(len(v) for v in report.failed.values()),
-        len(report.relaunched),
-        report.lost_races,
+        "reconcile_tick",
+        extra=fields(
+            hosts=len(report.probed),
+            silent=len(report.silent_hosts),
+            stamped=len(report.stamped),
+            cleared=len(report.cleared),
+            failed=sum(len(v) for v in report.failed.values()),
+            relaunched=len(report.relaunched),
+            lost_races=report.lost_races,
+        ),
     )
     return report
 
@@ -147,14 +150,14 @@ def _probe_and_judge(report: TickReport, clock: _Clock, driver: object | None) -
     except Exception:
         # A prober that breaks must not stop the deadlines below from applying; what it
         # could not tell us is not a loss, so every host counts as silent this tick.
-        log.exception("event=reconcile_probe_failed")
+        log.exception("reconcile_probe_failed")
         answers = {}
     report.probe_s = time.perf_counter() - began
     report.silent_hosts = sorted(set(by_host) - set(answers))
     try:
         probe_log.record(answered=sorted(answers), silent=report.silent_hosts, at=clock())
     except Exception:
-        log.exception("event=reconcile_probe_log_failed")  # the drain page's view only
+        log.exception("reconcile_probe_log_failed")  # the drain page's view only
     grace = timedelta(seconds=settings.SANDBOX_LOSS_GRACE_S)
     skew = timedelta(seconds=settings.RECONCILE_CLOCK_SKEW_S)
     for host_id, statuses in answers.items():
@@ -210,7 +213,7 @@ def _fail_lost(report: TickReport, run_id: str, read_stamp: datetime, probe: lau
     )
     if claimed:
         report.failed[FailureReason.SANDBOX_LOST].append(run_id)
-        log.warning("event=run_sandbox_lost run_id=%s status=%s", run_id, probe.status)
+        log.warning("run_sandbox_lost", extra=fields(run_id=run_id, status=probe.status))
     else:
         report.lost_races += 1
 
@@ -222,8 +225,6 @@ def _launch_deadlines(report: TickReport, clock: _Clock) -> None:
     """Queued or provisioning without a hello past the launch deadline: relaunch once
     (the launch is idempotent by run id, so a relaunch of a launch that did happen
     starts nothing), then fail as ``launch_lost`` once the relaunch had its deadline."""
-    from .tasks import launch_run
-
     now = clock()
     deadline = timedelta(seconds=settings.RUN_LAUNCH_DEADLINE_S)
     cutoff = now - deadline
@@ -238,9 +239,9 @@ def _launch_deadlines(report: TickReport, clock: _Clock) -> None:
             relaunched_at=now
         )
         if marked:
-            launch_run.delay(str(run_id))
+            dispatch.publish(dispatch.LAUNCH_RUN, str(run_id))
             report.relaunched.append(str(run_id))
-            log.warning("event=run_relaunched run_id=%s status=%s", run_id, status)
+            log.warning("run_relaunched", extra=fields(run_id=run_id, status=status))
         else:
             report.lost_races += 1
     for run_id, relaunched_at in (
@@ -250,7 +251,7 @@ def _launch_deadlines(report: TickReport, clock: _Clock) -> None:
         claimed = actions.fail_run(run_id, error, guard=ungreeted & Q(relaunched_at=relaunched_at), stop_sandbox=True)
         if claimed:
             report.failed[FailureReason.LAUNCH_LOST].append(str(run_id))
-            log.warning("event=run_launch_lost run_id=%s", run_id)
+            log.warning("run_launch_lost", extra=fields(run_id=run_id))
         else:
             report.lost_races += 1
 
@@ -275,7 +276,7 @@ def _run_deadlines(report: TickReport, clock: _Clock) -> None:
         )
         if claimed:
             report.failed[FailureReason.DEADLINE_EXCEEDED].append(str(run_id))
-            log.warning("event=run_deadline_exceeded run_id=%s", run_id)
+            log.warning("run_deadline_exceeded", extra=fields(run_id=run_id))
         else:
             report.lost_races += 1
 
@@ -288,7 +289,6 @@ def _republish_notifications(report: TickReport, clock: _Clock) -> None:
     message. One never attempted long after it was written is published again: the
     task's lease and its delivered mark make a duplicate message harmless."""
     from .models import RunNotification
-    from .tasks import deliver_notification
 
     cutoff = clock() - timedelta(seconds=settings.NOTIFY_REPUBLISH_AFTER_S)
     stale = RunNotification.objects.filter(
@@ -299,5 +299,5 @@ def _republish_notifications(report: TickReport, clock: _Clock) -> None:
         created_at__lt=cutoff,
     ).values_list("id", flat=True)[:1000]
     for notification_id in stale:
-        deliver_notification.delay(notification_id)
+        dispatch.publish(dispatch.DELIVER_NOTIFICATION, notification_id)
         report.notifications_republished += 1

@@ -17,6 +17,7 @@ import logging
 from django.conf import settings
 
 from controlplane import pgnotify
+from holdfast_wire.logfmt import fields
 
 from .steering import STEER_CHANNEL
 
@@ -84,7 +85,7 @@ class SteerHub:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure of the listener: reconnect, never crash polls
-                logger.warning("steer listener lost: %s", type(exc).__name__)
+                logger.warning("steer_listener_lost", extra=fields(error=type(exc).__name__))
             self._listening.clear()
             self._wake(None)
             await asyncio.sleep(LISTENER_RETRY_S)

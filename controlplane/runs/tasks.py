@@ -6,10 +6,11 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 
-from . import actions, launcher, notifications, reconcile
+from holdfast_wire.logfmt import fields
+
+from . import actions, dispatch, launcher, notifications, reconcile
 from .models import Run, RunStatus
 
 log = logging.getLogger("holdfast.runs")
@@ -19,27 +20,21 @@ log = logging.getLogger("holdfast.runs")
 _UNGREETED = Q(status=RunStatus.PROVISIONING, instance_id="")
 
 
-def enqueue_launch(run_id: object) -> None:
-    """Publish ``launch_run`` once the surrounding transaction commits, so the worker
-    never looks for a row it cannot see yet."""
-    transaction.on_commit(lambda: launch_run.delay(str(run_id)))
-
-
-@shared_task(name="controlplane.runs.tasks.launch_run", bind=True, acks_late=True, max_retries=None)
+@shared_task(name=dispatch.LAUNCH_RUN, bind=True, acks_late=True, max_retries=None)
 def launch_run(self, run_id: str) -> None:
     # Claim before asking a host: a redelivered message for a run that is already
     # running, ended or cancelled finds nothing to do. One still provisioning without a
     # hello is asked again, which the host's launch-by-run-id idempotency makes safe.
     claim = actions.claim_for_launch(run_id)
     if claim is None:
-        log.info("event=run_launch_skipped run_id=%s", run_id)
+        log.info("run_launch_skipped", extra=fields(run_id=run_id))
         return
     try:
         ack = launcher.launch_on_host(claim.run_id, claim.launch_key, settings.RUNS_CONTROL_PLANE_URL)
     except (launcher.LaunchUnavailable, launcher.LaunchNotConfigured) as exc:
         attempt = self.request.retries + 1
         if attempt < settings.RUNS_LAUNCH_MAX_ATTEMPTS:
-            log.warning("event=run_launch_retry run_id=%s code=%s attempt=%d", run_id, exc.code, attempt)
+            log.warning("run_launch_retry", extra=fields(run_id=run_id, code=exc.code, attempt=attempt))
             raise self.retry(countdown=settings.RUNS_LAUNCH_RETRY_DELAY_S * 2 ** (attempt - 1)) from None
         _give_up(run_id, exc.code, attempt)
         return
@@ -51,21 +46,20 @@ def launch_run(self, run_id: str) -> None:
         host_id=ack.host_id, sandbox_ref=ack.sandbox_ref
     )
     log.info(
-        "event=run_launched run_id=%s host_id=%s relaunch=%s already_launched=%s",
-        run_id,
-        ack.host_id,
-        claim.relaunch,
-        ack.already_launched,
+        "run_launched",
+        extra=fields(
+            run_id=run_id, host_id=ack.host_id, relaunch=claim.relaunch, already_launched=ack.already_launched
+        ),
     )
 
 
 def _give_up(run_id: str, code: str, attempts: int) -> None:
     # The error text is fixed (a code), never the host's words: it lands on the row.
     claimed = actions.fail_run(run_id, f"launch failed: {code} after {attempts} attempt(s)", guard=_UNGREETED)
-    log.warning("event=run_launch_failed run_id=%s code=%s attempts=%d claimed=%s", run_id, code, attempts, claimed)
+    log.warning("run_launch_failed", extra=fields(run_id=run_id, code=code, attempts=attempts, claimed=claimed))
 
 
-@shared_task(name="controlplane.runs.tasks.stop_run_sandbox", bind=True, max_retries=3)
+@shared_task(name=dispatch.STOP_RUN_SANDBOX, bind=True, max_retries=3)
 def stop_run_sandbox(self, run_id: str) -> None:
     """Kill a cancelled run's sandbox on the host that launched it. Best effort, and
     safe to repeat (``stop_run`` is idempotent): the runner also stops its job at its
@@ -78,18 +72,18 @@ def stop_run_sandbox(self, run_id: str) -> None:
     except launcher.LaunchNotConfigured:
         return
     if not stopped:
-        log.warning("event=run_stop_unconfirmed run_id=%s host_id=%s", run_id, host_id)
+        log.warning("run_stop_unconfirmed", extra=fields(run_id=run_id, host_id=host_id))
         raise self.retry(countdown=settings.RUNS_LAUNCH_RETRY_DELAY_S)
 
 
-@shared_task(name="controlplane.runs.tasks.reconcile_runs", ignore_result=True)
+@shared_task(name=dispatch.RECONCILE_RUNS, ignore_result=True)
 def reconcile_runs() -> None:
     """One reconcile tick (beat, every HOLDFAST_RECONCILE_INTERVAL_S). Two that overlap
     are harmless: every write compare-and-sets against what its tick read."""
     reconcile.tick()
 
 
-@shared_task(name="controlplane.runs.tasks.deliver_notification", bind=True, acks_late=True, max_retries=None)
+@shared_task(name=dispatch.DELIVER_NOTIFICATION, bind=True, acks_late=True, max_retries=None)
 def deliver_notification(self, notification_id: int) -> None:
     """POST one progress notification; retried with backoff until delivered or the
     attempts (counted on its row, not by Celery) run out."""

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.sandbox import local
+from holdfast_devtools import processes
 from tests.timing import scaled
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.peer]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -61,12 +61,12 @@ def test_procfile_processes_and_execute_on_a_fresh_clone(tmp_path):
     assert (var_dir / "holdfast.sqlite3").exists()
 
     # The Procfile's worker line (no host configured).
-    worker = local.Child(
+    worker = processes.Child(
         "worker",
         [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
          "--concurrency", "2", "-Q", "holdfast", "--loglevel", "INFO"],
         env,
-        local.re.compile(r"\bready\.$"),
+        processes.WORKER_READY,
     )  # fmt: skip
     try:
         worker.wait_ready(scaled(90))

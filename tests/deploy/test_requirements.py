@@ -14,7 +14,7 @@ import pytest
 from tests.support.worker import children_database_url
 from tests.timing import scaled
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.peer]
 ROOT = Path(__file__).resolve().parents[2]
 
 

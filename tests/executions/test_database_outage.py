@@ -13,7 +13,12 @@ from tests.support.tcp_proxy import TcpProxy
 from tests.support.worker import children_database_url, start_worker
 from tests.timing import scaled, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("owners")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.peer,
+    pytest.mark.usefixtures("owners"),
+]
 
 # Longer than every in-worker patience the old code had (31 s) and than the new inline
 # one (7 s), so the outcomes must outlive the task that produced them.

@@ -19,12 +19,17 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from controlplane.sandbox.balancer import TcpBalancer
+from holdfast_devtools.balancer import TcpBalancer
 from tests.support.host import start_host
 from tests.support.worker import start_worker
 from tests.timing import scaled, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("owners")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.peer,
+    pytest.mark.usefixtures("owners"),
+]
 
 MAX_AGE_S = 3.0
 LONGEST_EXECUTION_S = 2.0

@@ -13,6 +13,8 @@ from tests.support.host import start_host
 from tests.support.worker import start_worker
 from tests.timing import wait_until
 
+pytestmark = pytest.mark.peer
+
 BINARY_SNIPPET = (
     "import sys\n"
     "sys.stdout.write('a\\0b\\n' + fields_prefix)\n"

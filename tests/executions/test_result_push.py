@@ -10,7 +10,7 @@ from controlplane.executions import api, notify
 from tests.support.host import start_host
 from tests.support.worker import start_worker
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("owners")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.peer, pytest.mark.usefixtures("owners")]
 
 
 def _env(host, token: str, **extra: str) -> dict[str, str]:

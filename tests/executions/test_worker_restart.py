@@ -10,7 +10,12 @@ from tests.support.host import SHARED_LEVEL, share, start_host
 from tests.support.worker import start_worker
 from tests.timing import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("owners")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.peer,
+    pytest.mark.usefixtures("owners"),
+]
 
 
 def test_sigterm_on_a_worker_finishes_in_flight_executions_and_hands_over_the_rest(sandbox_token, shared_dir):

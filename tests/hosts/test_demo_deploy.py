@@ -13,7 +13,7 @@ import pytest
 
 from tests.timing import scaled
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.peer]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOTALS = re.compile(r"totals: submitted (\d+), succeeded (\d+), failed (\d+), unfinished (\d+)")

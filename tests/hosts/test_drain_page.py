@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from controlplane.hosts import actions, snapshots
 from controlplane.hosts.models import DrainSource, SandboxHost, State
+from controlplane.pool.state import ConnectionSnapshot, ConnState, RetireReason
 from tests.timing import wait_until
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("owners")]
@@ -37,13 +38,13 @@ def conn(
     reason: str = "",
     isolation="bwrap",
     reserve=None,
-) -> dict:
-    return {"host_id": host_id, "url": "ws://lb", "state": state, "retire_reason": reason, "age_s": age,
-            "max_age_s": 120.0, "in_flight": in_flight, "finished": 0, "isolation": isolation,
-            "reserve": reserve}  # fmt: skip
+) -> ConnectionSnapshot:
+    return ConnectionSnapshot(host_id=host_id, url="ws://lb", state=ConnState(state),
+                              retire_reason=RetireReason(reason) if reason else None, age_s=age, max_age_s=120.0,
+                              in_flight=in_flight, finished=0, isolation=isolation, reserve=reserve)  # fmt: skip
 
 
-def publish(worker: str, conns: list[dict], *, finished=None, interval: float = 2.0, applied=()) -> dict:
+def publish(worker: str, conns: list[ConnectionSnapshot], *, finished=None, interval: float = 2.0, applied=()) -> dict:
     snap = {
         "worker": worker,
         "published_at": time.time(),

@@ -24,6 +24,7 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
+    pytest.mark.peer,
     pytest.mark.usefixtures("owners"),
 ]
 

@@ -17,7 +17,12 @@ from tests.support.host import start_host
 from tests.support.worker import start_worker
 from tests.timing import scaled, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("owners")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.peer,
+    pytest.mark.usefixtures("owners"),
+]
 
 # Hosts run with the isolation they would use in production (probed at start-up).
 HOST_ARGS: tuple[str, ...] = ()

@@ -14,14 +14,14 @@ import pytest
 
 from controlplane.runs import actions, credentials
 from controlplane.runs.models import Receipt, Run, RunEvent, RunEventBatch, RunStatus
-from runner.main import Outcome, report_result
+from runner.main import JobOutcome, report_result
 from runner.redact import Redactor
 from runner.transport import ControlPlaneClient
 from tests.timing import scaled
 
 from .support import CUT, FORWARD, HttpProxy, start_web
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 # Every call a runner makes in its life, in order: (method, endpoint).
 LIFE = [
@@ -60,7 +60,7 @@ def _live(client: ControlPlaneClient, instance_id: str) -> dict:
     seen["events"] = client.call("POST", "events", body={"batch_key": str(uuid.uuid4()), "events": EVENTS})
     stderr = io.StringIO()
     with redirect_stderr(stderr):
-        report_result(client, Outcome("succeeded", 0, ""), Redactor())
+        report_result(client, JobOutcome("succeeded", 0, ""), Redactor())
     seen["result_stderr"] = stderr.getvalue()
     return seen
 

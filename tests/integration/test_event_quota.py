@@ -10,14 +10,14 @@ from unittest import mock
 import pytest
 
 from controlplane.runs import actions
+from controlplane.runs.dispatch import enqueue_launch_on_commit
 from controlplane.runs.models import Run, RunEvent, RunStatus
-from controlplane.runs.tasks import enqueue_launch
 from tests.timing import wait_until
 
 from .conftest import counting_job, launching_worker
 from .support import run_log, start_web
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 QUOTA = 20
 LINES = 120
@@ -35,7 +35,7 @@ def test_a_job_past_its_event_quota_finishes_with_its_own_verdict(host, web, sta
         run = actions.create_run(
             "quota-test", {"kind": "python", "source": counting_job(LINES, 0.01), "timeout_s": 120}
         )
-        enqueue_launch(run.id)
+        enqueue_launch_on_commit(run.id)
         run = wait_until(
             lambda: (r := Run.objects.get(pk=run.id)).is_terminal and r, timeout=90, what="the run to finish"
         )

@@ -11,15 +11,15 @@ import threading
 import pytest
 
 from controlplane.runs import actions
+from controlplane.runs.dispatch import enqueue_launch_on_commit
 from controlplane.runs.models import Run, RunEvent, RunStatus
 from controlplane.runs.receipts import verify_receipt
-from controlplane.runs.tasks import enqueue_launch
 from tests.timing import wait_until
 
 from .conftest import assert_events_exactly_once, counting_job, launching_worker
 from .support import FORWARD, HttpProxy, run_log, start_web, wait_seconds
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 # The outage the issue names.
 OUTAGE_S = 60
@@ -43,7 +43,7 @@ def test_a_proxy_answering_502_503_for_60s_delays_the_run_but_loses_and_duplicat
     outage = Outage()
     with start_web(tmp_path) as web, HttpProxy(web.port, outage) as proxy, launching_worker(host, proxy.url):
         run = actions.create_run("acme", {"kind": "python", "source": counting_job(LINES), "timeout_s": 300})
-        enqueue_launch(run.id)
+        enqueue_launch_on_commit(run.id)
         wait_until(
             lambda: RunEvent.objects.filter(run=run).count() >= 4, timeout=60, what="the run to stream a few events"
         )

@@ -11,15 +11,15 @@ import pytest
 from django.core.management import call_command
 
 from controlplane.runs import actions
+from controlplane.runs.dispatch import enqueue_launch_on_commit
 from controlplane.runs.models import Run, RunEvent, RunStatus
 from controlplane.runs.receipts import verify_receipt
-from controlplane.runs.tasks import enqueue_launch
 from tests.timing import wait_until
 
 from .conftest import assert_events_exactly_once, counting_job, launching_worker, stdout_lines
 from .support import run_log, start_web, wait_seconds
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 # The outage the issue names: the web process stays dead this long.
 DOWN_S = 20
@@ -59,7 +59,7 @@ def test_the_web_process_killed_mid_run_and_back_20s_later_loses_and_duplicates_
     worker, web, host, state_dir, capsys
 ):
     run = actions.create_run("acme", {"kind": "python", "source": counting_job(LINES), "timeout_s": 300})
-    enqueue_launch(run.id)  # autocommit: publishes at once
+    enqueue_launch_on_commit(run.id)  # autocommit: publishes at once
     wait_until(lambda: RunEvent.objects.filter(run=run).count() >= 4, timeout=60, what="the run to stream a few events")
     before = RunEvent.objects.filter(run=run).count()
     web.kill()

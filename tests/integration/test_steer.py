@@ -11,15 +11,15 @@ import threading
 import pytest
 
 from controlplane.runs import actions, steering
+from controlplane.runs.dispatch import enqueue_launch_on_commit
 from controlplane.runs.models import Run, RunEvent, RunStatus, SteerMessage
-from controlplane.runs.tasks import enqueue_launch
 from tests.timing import scaled, wait_until
 
 from .conftest import launching_worker, stdout_lines
 from .steer_support import CuttingProxy, start_asgi_web
 from .support import run_log, wait_seconds
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 # A job that counts the SIGINTs it gets (it never dies of one), echoes each steering line,
 # and ends a second after the steer "stop", printing its total.
@@ -110,7 +110,7 @@ def _no_cuts(cuts):
 
 def _start(source: str) -> Run:
     run = actions.create_run("acme", {"kind": "python", "source": source, "timeout_s": 300})
-    enqueue_launch(run.id)
+    enqueue_launch_on_commit(run.id)
     wait_until(lambda: "ready" in stdout_lines(run.id), timeout=90, what="the job to start")
     return run
 

@@ -16,20 +16,20 @@ import pytest
 from django.conf import settings
 
 from controlplane.runs.models import Run, RunStatus
-from controlplane.sandbox import local
+from holdfast_devtools import processes
 from tests.support.worker import children_database_url, start_worker
 from tests.timing import scaled, wait_until
 
 from .conftest import running_on
 from .hosts import HOST_ID, TOKEN
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 
 @contextlib.contextmanager
-def start_beat(env: dict[str, str], schedule: Path) -> Iterator[local.Child]:
+def start_beat(env: dict[str, str], schedule: Path) -> Iterator[processes.Child]:
     argv = [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "-s", str(schedule), "--loglevel", "INFO"]
-    beat = local.Child("beat", argv, {**os.environ, **env}, re.compile(r"beat: Starting"))
+    beat = processes.Child("beat", argv, {**os.environ, **env}, re.compile(r"beat: Starting"))
     beat.wait_ready(scaled(60))
     try:
         yield beat

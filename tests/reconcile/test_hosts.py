@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,18 +20,19 @@ import redis
 from django.conf import settings as django_settings
 
 from controlplane.runs import actions, reconcile
+from controlplane.runs.dispatch import enqueue_launch_on_commit
 from controlplane.runs.host_driver import WebSocketLaunchDriver
 from controlplane.runs.models import Run, RunStatus
-from controlplane.runs.tasks import enqueue_launch
 from sandbox_host.procs import alive
 from tests.integration.conftest import counting_job
 from tests.integration.support import free_port, run_log, start_web
+from tests.support.scripted import scripted_host
 from tests.support.worker import WorkerProcess, start_worker
 from tests.timing import scaled, wait_until
 
 from .hosts import HOST_ID, TOKEN, RestartableHost
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.peer]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_one_probe_frame_per_thousand_runs_on_one_connection_answers_every_run(d
 def test_behind_a_balancer_the_prober_dials_until_it_has_found_every_host(tmp_path):
     """One address (a balancer) in front of two hosts: the prober dials it again until
     both hosts answered for their own runs, each once."""
-    from controlplane.sandbox.balancer import TcpBalancer
+    from holdfast_devtools.balancer import TcpBalancer
 
     first = RestartableHost(tmp_path / "a", free_port(), "lb-host-a")
     second = RestartableHost(tmp_path / "b", free_port(), "lb-host-b")
@@ -145,7 +145,7 @@ def test_a_sigkilled_sandbox_fails_as_sandbox_lost_after_the_grace(drive_host, w
     host = drive_host
     with worker_for(host, web.url):
         run = actions.create_run("acme", {"kind": "python", "source": counting_job(600, 0.2), "timeout_s": 300})
-        enqueue_launch(run.id)
+        enqueue_launch_on_commit(run.id)
         wait_until(lambda: _status(run.id) == RunStatus.RUNNING, timeout=60, what="the run to start")
         assert reconcile.tick().alive == 1
         os.killpg(host.record(run.id)["pid"], signal.SIGKILL)
@@ -165,7 +165,7 @@ def test_a_host_restarted_with_the_same_id_and_state_dir_keeps_its_run_which_fin
     host = drive_host
     with worker_for(host, web.url):
         run = actions.create_run("acme", {"kind": "python", "source": counting_job(30, 0.5), "timeout_s": 300})
-        enqueue_launch(run.id)
+        enqueue_launch_on_commit(run.id)
         wait_until(lambda: run.events.count() >= 3, timeout=60, what="the run to stream")
         host.stop()  # SIGTERM: the host exits, the run's sandbox does not
         silent = reconcile.tick()
@@ -188,7 +188,7 @@ def test_a_restarted_host_reports_the_real_exit_code_of_a_sandbox_it_adopted(dri
     host = drive_host
     with worker_for(host, web.url):
         run = actions.create_run("acme", {"kind": "python", "source": counting_job(10, 0.5), "timeout_s": 300})
-        enqueue_launch(run.id)
+        enqueue_launch_on_commit(run.id)
         wait_until(lambda: run.events.count() >= 2, timeout=60, what="the run to stream")
         host.stop()
         host.start()  # no longer the sandbox's parent
@@ -207,7 +207,7 @@ def test_a_restarted_host_reports_the_real_exit_code_of_a_sandbox_it_adopted(dri
 def test_a_lost_launch_message_is_launched_by_the_deadline_path(drive_host, web, settings):
     settings.RUN_LAUNCH_DEADLINE_S = 1.0
     run = actions.create_run("acme", {"kind": "shell", "command": "echo launched-late", "timeout_s": 60})
-    enqueue_launch(run.id)  # autocommit: published at once
+    enqueue_launch_on_commit(run.id)  # autocommit: published at once
     broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
     assert broker.llen(django_settings.CELERY_TASK_DEFAULT_QUEUE) == 1
     broker.delete(django_settings.CELERY_TASK_DEFAULT_QUEUE)  # the message is lost
@@ -229,7 +229,7 @@ def test_a_runner_that_never_starts_fails_as_launch_lost_and_its_sandbox_is_stop
     nowhere = f"http://127.0.0.1:{free_port()}"  # its runner retries hello against nothing
     with worker_for(drive_host, nowhere):
         run = actions.create_run("acme", {"kind": "shell", "command": "echo never", "timeout_s": 60})
-        enqueue_launch(run.id)
+        enqueue_launch_on_commit(run.id)
         wait_until(lambda: Run.objects.get(pk=run.id).host_id, timeout=60, what="the launch")
         assert reconcile.tick().alive == 1  # its sandbox runs: not a loss, just no hello
         relaunched = _tick_until(lambda: Run.objects.get(pk=run.id).relaunched_at, timeout=30, what="relaunch")
@@ -244,12 +244,11 @@ def test_a_runner_that_never_starts_fails_as_launch_lost_and_its_sandbox_is_stop
 
 
 @contextlib.contextmanager
-def scripted_host(statuses: dict[str, dict]) -> Iterator[str]:
-    """A real WebSocket server on port 0 playing a newer host: it authenticates anyone
+def newer_host(statuses: dict[str, dict]) -> Iterator[str]:
+    """A scripted host on port 0 playing a newer host: it authenticates anyone
     and answers every ``probe_runs`` with ``statuses``."""
-    from websockets.sync.server import serve
 
-    from sandbox_host import protocol
+    from holdfast_wire import protocol
 
     def handler(conn) -> None:
         conn.recv()  # auth
@@ -258,21 +257,15 @@ def scripted_host(statuses: dict[str, dict]) -> Iterator[str]:
             frame = protocol.decode(message)
             conn.send(protocol.encode(protocol.RunStatus(statuses=statuses, ref=frame.ref)))
 
-    with serve(handler, "127.0.0.1", 0) as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
-        finally:
-            server.shutdown()
-            thread.join(timeout=5)
+    with scripted_host(handler) as url:
+        yield url
 
 
 def test_a_status_the_prober_cannot_read_leaves_that_run_untouched_and_the_rest_judged():
     """A newer host may answer a status this release does not know: that proves nothing
     about the run, which is left out; the host's other answers still count."""
     answers = {"a": {"status": "hibernating", "exit_code": None}, "b": {"status": "exited", "exit_code": 3}}
-    with scripted_host(answers) as url:
+    with newer_host(answers) as url:
         driver = WebSocketLaunchDriver(urls=(url,), token="t", connect_timeout_s=5, reply_timeout_s=5)
         statuses = driver.probe({"newer-host": ["a", "b"]})["newer-host"]
     assert set(statuses) == {"b"} and (statuses["b"].status, statuses["b"].exit_code) == ("exited", 3)

@@ -23,7 +23,7 @@ from tests.timing import wait_until
 from .fake_driver import FakeProbeDriverForInterleavings
 from .receiver import start_receiver
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.peer]
 
 
 @pytest.fixture

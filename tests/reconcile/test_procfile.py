@@ -5,12 +5,16 @@ here exactly as a Procfile runner does (``sh -c`` of the line), twice."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from holdfast_devtools.processes import HOST_LISTENING
 from tests.integration.support import free_port
 from tests.support.host import ROOT, HostProcess
+
+pytestmark = pytest.mark.peer
 
 
 def _host_line() -> str:
@@ -21,16 +25,14 @@ def _host_line() -> str:
 
 
 def _start(env: dict[str, str]) -> HostProcess:
-    popen = subprocess.Popen(
+    host = HostProcess(
+        "procfile host",
         ["/bin/sh", "-c", "exec " + _host_line().replace("python ", f"{sys.executable} ", 1)],
-        cwd=ROOT,
-        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        {**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        HOST_LISTENING,
+        split_stderr=True,
     )
-    host = HostProcess(popen)
-    host.wait_listening(30)
+    host.wait_ready(30)
     return host
 
 

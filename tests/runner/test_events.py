@@ -17,6 +17,8 @@ from runner.transport import ControlPlaneClient, ServerRejected
 from tests.runner.servers import CutBody, FakeClock, Recorded, Reply, closed_port, scripted_server
 from tests.timing import scaled, wait_until
 
+pytestmark = pytest.mark.peer
+
 
 class EventsEndpoint:
     """The server's contract for POST events: append a batch once per batch key, answer a

@@ -13,6 +13,8 @@ import pytest
 from runner.main import live
 from tests.runner.servers import Recorded, Reply, scripted_server
 
+pytestmark = pytest.mark.peer
+
 RUN_KEY = "run-launch-key-0123456789"
 SESSION = "session-token-abcdefghij"
 

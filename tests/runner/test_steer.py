@@ -12,9 +12,13 @@ import urllib.parse
 import uuid
 from typing import Any
 
+import pytest
+
 from runner.steer import JobActor, SteerLoop
 from runner.transport import ControlPlaneClient
 from tests.runner.servers import FakeClock, Recorded, Reply, scripted_server
+
+pytestmark = pytest.mark.peer
 
 SESSION = "session-token-abcdefghij"
 

@@ -19,6 +19,8 @@ from runner.transport import (
 )
 from tests.runner.servers import CutBody, FakeClock, Reply, Reset, closed_port, scripted_server
 
+pytestmark = pytest.mark.peer
+
 REPLAY_SAFE = sorted(name for name, policy in ENDPOINT_POLICIES.items() if policy.replay_safe)
 # Not in the table: gets the conservative default.
 UNKNOWN = "mystery"

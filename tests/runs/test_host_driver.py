@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from django.test import override_settings
-from websockets.sync.server import serve
 
 from controlplane.runs import launcher
 from controlplane.runs.host_driver import WebSocketLaunchDriver
 from controlplane.runs.launcher import LaunchRequest, LaunchUnavailable
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.integration.support import free_port, stop_runs
 from tests.support.host import connect, new_id, recv_frame, send_frame, start_host
+from tests.support.scripted import scripted_host
 from tests.timing import scaled
+
+pytestmark = pytest.mark.peer
 
 TOKEN = "hf-driver-test-" + uuid.uuid4().hex
 # Nothing listens here: a launched runner retries in the background until stop_runs.
@@ -106,14 +107,8 @@ def old_host() -> Iterator[str]:
             kind = json.loads(message)["type"]
             ws.send(protocol.encode(protocol.Error(code="unknown_type", message=f"unknown frame type {kind!r}")))
 
-    with serve(handler, "127.0.0.1", 0) as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
-        finally:
-            server.shutdown()
-            thread.join()
+    with scripted_host(handler) as url:
+        yield url
 
 
 def test_a_host_of_a_release_without_runs_is_skipped_for_the_next(state_dir):

@@ -18,7 +18,7 @@ from tests.timing import wait_until
 
 from .conftest import JOB, RunnerCalls
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
 
 
 @pytest.fixture(scope="module")

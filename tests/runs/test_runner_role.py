@@ -12,6 +12,8 @@ from django.test import override_settings
 
 from tests.support.host import ROOT
 
+pytestmark = pytest.mark.peer
+
 
 @override_settings(ROOT_URLCONF="controlplane.runner_urls")
 @pytest.mark.django_db

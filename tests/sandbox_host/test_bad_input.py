@@ -10,11 +10,13 @@ import struct
 import pytest
 import websocket
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.support.host import connect, execute, recv_frame, send_frame
 from tests.timing import scaled
 
 from .conftest import TOKEN, closed_by_peer, handshake_request
+
+pytestmark = pytest.mark.peer
 
 
 def close_code(ws: websocket.WebSocket) -> int | None:

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import websocket
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.support.host import connect, execute, new_id, recv_frame, send_frame, start_host
 from tests.timing import scaled, wait_until
 
 from .conftest import TOKEN
 from .test_bad_input import close_code
+
+pytestmark = pytest.mark.peer
 
 
 def _refuses_connections(port: int) -> bool:

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_host import cgroups, protocol
+from holdfast_wire import protocol
+from sandbox_host import cgroups
 from sandbox_host.sandbox import base_interpreter
 from tests.integration.support import stop_runs
 from tests.runner.servers import Reply, scripted_server
@@ -44,6 +45,8 @@ from tests.timing import scaled, wait_until
 from .conftest import TOKEN
 from .test_reserve import waiting_sandboxes
 from .test_runs import KEY, ControlPlane
+
+pytestmark = pytest.mark.peer
 
 POSTGRES_SOCKET = "/run/postgresql/.s.PGSQL.5432"
 
@@ -460,14 +463,15 @@ def _as_nobody(*args: str, env: dict[str, str], code: Path) -> subprocess.Popen[
 
 @pytest.fixture(scope="module")
 def nobody_code():
-    """``sandbox_host`` and the two packages it imports beyond the standard library, in a
-    directory every user may read."""
+    """``sandbox_host``, the wire package it shares with the control plane, and the two
+    packages it imports beyond the standard library, in a directory every user may read."""
     import pyseccomp
     import websockets
 
     target = Path(tempfile.mkdtemp(prefix="holdfast-nobody-code-"))
     skip = shutil.ignore_patterns("__pycache__")
     shutil.copytree(ROOT / "sandbox_host", target / "sandbox_host", ignore=skip)
+    shutil.copytree(ROOT / "holdfast_wire", target / "holdfast_wire", ignore=skip)
     shutil.copytree(Path(websockets.__file__).parent, target / "websockets", ignore=skip)
     shutil.copy2(pyseccomp.__file__, target / "pyseccomp.py")
     for path in (target, *target.rglob("*")):

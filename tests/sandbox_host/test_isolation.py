@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from sandbox_host.sandbox import EXECUTION_ENV
 from tests.support.host import (
     SHARED_LEVEL,
@@ -31,6 +31,8 @@ from tests.support.host import (
 from tests.timing import scaled, wait_until
 
 from .conftest import TOKEN
+
+pytestmark = pytest.mark.peer
 
 # Reads every place a child might find the host's environment and prints what it got.
 SNOOP = textwrap.dedent(

@@ -8,11 +8,15 @@ import re
 import socket
 import time
 
-from sandbox_host import protocol
+import pytest
+
+from holdfast_wire import protocol
 from tests.support.host import connect, execute, start_host
 from tests.timing import scaled, wait_until
 
 from .conftest import TOKEN, closed_by_peer, frame_header, handshake_request, raw_websocket, stream
+
+pytestmark = pytest.mark.peer
 
 MiB = 1024 * 1024
 

@@ -7,9 +7,13 @@ import contextlib
 import socket
 import time
 
-from sandbox_host import protocol
+import pytest
+
+from holdfast_wire import protocol
 from tests.support.host import connect, execute, start_host
 from tests.timing import scaled, wait_until
+
+pytestmark = pytest.mark.peer
 
 
 def silent(source: str, port: int) -> socket.socket:

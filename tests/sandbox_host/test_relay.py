@@ -14,6 +14,8 @@ import pytest
 from sandbox_host import relay
 from tests.timing import scaled
 
+pytestmark = pytest.mark.peer
+
 
 class EchoServer:
     """A TCP server on loopback that echoes what it reads, one thread per connection."""

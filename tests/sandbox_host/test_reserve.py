@@ -8,12 +8,16 @@ import os
 import signal
 import textwrap
 
+import pytest
+
 from sandbox_host import defaults
 from sandbox_host.children import WAITER_INSIDE
 from tests.support.host import connect, descendants, execute, start_host
 from tests.timing import wait_until
 
 from .conftest import TOKEN
+
+pytestmark = pytest.mark.peer
 
 PROBE = textwrap.dedent(
     """

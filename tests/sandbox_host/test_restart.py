@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_host import cgroups, defaults, protocol
+from holdfast_wire import protocol
+from sandbox_host import cgroups, defaults
 from tests.integration.support import stop_runs
 from tests.runner.servers import scripted_server
 from tests.support.host import connect, start_host
@@ -24,6 +25,8 @@ from tests.timing import wait_until
 
 from .conftest import TOKEN
 from .test_runs import ControlPlane, _launch, _probe
+
+pytestmark = pytest.mark.peer
 
 
 @pytest.fixture

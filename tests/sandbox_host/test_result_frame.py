@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 
-from controlplane.sandbox import wsclient
-from sandbox_host import protocol as p
+import pytest
+
+from controlplane.pool import wsclient
+from holdfast_wire import protocol as p
 from tests.support.host import new_id, recv_frame, send_frame, start_host
 from tests.timing import scaled
+
+pytestmark = pytest.mark.peer
 
 MIB = 1024 * 1024
 

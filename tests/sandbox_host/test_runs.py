@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 from tests.integration.support import stop_runs
 from tests.runner.servers import Recorded, Reply, scripted_server
 from tests.support.host import connect, recv_frame, send_frame, start_host
 from tests.timing import scaled, wait_until
 
 from .conftest import TOKEN
+
+pytestmark = pytest.mark.peer
 
 KEY = "hfl_run-key-" + uuid.uuid4().hex
 

@@ -12,15 +12,17 @@ import trustme
 import websocket
 from django.test import override_settings
 
+from controlplane.pool.outcome import ExecRequest
+from controlplane.pool.pool import SandboxPool
 from controlplane.runs.host_driver import WebSocketLaunchDriver
 from controlplane.runs.launcher import LaunchRequest, LaunchUnavailable
-from controlplane.sandbox.outcome import ExecRequest
-from controlplane.sandbox.pool import SandboxPool
-from sandbox_host import protocol
-from tests.executions.test_pool import BASE
+from holdfast_wire import protocol
 from tests.integration.support import stop_runs
+from tests.pool.test_pool import BASE
 from tests.support.host import start_host
 from tests.timing import scaled
+
+pytestmark = pytest.mark.peer
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ import pytest
 from tests.support.host import ROOT, start_host
 from tests.timing import scaled
 
+pytestmark = pytest.mark.peer
+
 
 def start(token: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -1,6 +1,6 @@
 """A real sandbox host process for tests (STYLE habit 6: real servers on port 0, started
 by a context manager that shuts them down and joins on exit), plus a tiny synchronous
-client built on websocket-client.
+client built on websocket-client. The process itself is ``holdfast_devtools``'s.
 
     with start_host(token) as host:
         ws = connect(host.url, token)
@@ -10,101 +10,20 @@ client built on websocket-client.
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import signal
-import subprocess
-import sys
-import threading
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import websocket
 
-from sandbox_host import protocol
+from holdfast_devtools import processes
+from holdfast_devtools.processes import HostProcess, busy_descendants, descendants
+from holdfast_wire import protocol
+from holdfast_wire.client import ClientSession
 from tests.timing import scaled
 
-ROOT = Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"^holdfast-host listening (wss?://(\S+):(\d+)) host_id=(\S+) isolation=(\S+)$")
+__all__ = ["ROOT", "SHARED_LEVEL", "HostProcess", "busy_descendants", "descendants", "share", "start_host"]
 
-
-class HostProcess:
-    """A running ``python -m sandbox_host``. Its stderr (the structured log) is collected
-    by a thread so the host never blocks on a full pipe."""
-
-    def __init__(self, popen: subprocess.Popen[str]) -> None:
-        self.popen = popen
-        self.pid = popen.pid
-        self.url = ""
-        self.port = 0
-        self.host_id = ""
-        self.isolation = ""
-        self.stdout_lines: list[str] = []
-        self.log_lines: list[str] = []
-        self._listening = threading.Event()
-        self._readers = [
-            threading.Thread(target=self._read_stdout, daemon=True),
-            threading.Thread(target=self._read_stderr, daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
-
-    def _read_stdout(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            line = line.rstrip("\n")
-            self.stdout_lines.append(line)
-            found = LISTENING.match(line)
-            if found and not self._listening.is_set():
-                self.url, self.port, self.host_id = found.group(1), int(found.group(3)), found.group(4)
-                self.isolation = found.group(5)
-                self._listening.set()
-        self._listening.set()  # exited before listening: let the waiter see it
-
-    def _read_stderr(self) -> None:
-        assert self.popen.stderr is not None
-        for line in self.popen.stderr:
-            self.log_lines.append(line.rstrip("\n"))
-
-    def wait_listening(self, timeout: float) -> None:
-        if not self._listening.wait(timeout) or not self.url:
-            self.kill()
-            raise RuntimeError("sandbox host did not start:\n" + self.log())
-
-    def log(self) -> str:
-        return "\n".join(self.log_lines)
-
-    def terminate(self) -> None:
-        """SIGTERM: the host drains and exits 0."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """SIGKILL the host and whatever children it had (they would outlive it)."""
-        stragglers = descendants(self.pid)
-        if self.popen.poll() is None:
-            self.popen.kill()
-        for pid in stragglers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def wait(self, timeout: float) -> int:
-        return self.popen.wait(timeout=timeout)
-
-    def stop(self) -> int:
-        self.terminate()
-        try:
-            self.popen.wait(timeout=scaled(20))
-        except subprocess.TimeoutExpired:
-            self.kill()
-            self.popen.wait()
-        for reader in self._readers:
-            reader.join(timeout=5)
-        for pipe in (self.popen.stdout, self.popen.stderr):
-            if pipe is not None:
-                pipe.close()
-        return self.popen.returncode
+ROOT = processes.ROOT
 
 
 @contextlib.contextmanager
@@ -115,22 +34,13 @@ def start_host(
     env: dict[str, str] | None = None,
     extra_args: tuple[str, ...] | list[str] = (),
 ) -> Iterator[HostProcess]:
-    """Run a host on 127.0.0.1 port 0 until the block ends, then stop it and join."""
-    argv = [sys.executable, "-m", "sandbox_host", "--listen", "127.0.0.1:0"]
-    if host_id:
-        argv += ["--host-id", host_id]
-    argv += list(extra_args)
-    child_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-    child_env["HOLDFAST_SANDBOX_TOKEN"] = token
-    if env and "HOLDFAST_SANDBOX_TOKEN" in env:  # a test of the empty-token refusal
-        child_env["HOLDFAST_SANDBOX_TOKEN"] = env["HOLDFAST_SANDBOX_TOKEN"]
-    popen = subprocess.Popen(argv, cwd=ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    host = HostProcess(popen)
+    """Run a host on 127.0.0.1 port 0 until the block ends, then stop it and join
+    (``holdfast_devtools.processes``, the launcher the demos and the benchmarks use)."""
+    host = processes.start_host(token, host_id=host_id, env=env, extra_args=extra_args, timeout_s=scaled(30))
     try:
-        host.wait_listening(scaled(30))
         yield host
     finally:
-        host.stop()
+        host.stop(timeout=scaled(20))
 
 
 # The level a host started with ``share`` reports: pools in those tests must accept it.
@@ -144,55 +54,21 @@ def share(directory) -> tuple[str, ...]:
     return ("--insecure-shared-dir", str(directory))
 
 
-def busy_descendants(pid: int) -> list[int]:
-    """``descendants`` less the sandboxes the host keeps prepared, waiting for code."""
-    busy = []
-    for child in descendants(pid):
-        try:
-            with open(f"/proc/{child}/cmdline", "rb") as fh:
-                if b"/holdfast/waiter.py" in fh.read().split(b"\0"):
-                    continue
-        except OSError:
-            continue
-        busy.append(child)
-    return busy
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (read from /proc), deepest last."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # Field 4 (ppid) follows the parenthesised command name, which may hold spaces.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    found, queue = [], [pid]
-    while queue:
-        for child in children.get(queue.pop(0), []):
-            found.append(child)
-            queue.append(child)
-    return found
-
-
 # --- a tiny sync client ---------------------------------------------------------------
 
 
 def connect(url: str, token: str, *, timeout: float | None = None, client: str = "tests") -> websocket.WebSocket:
     """Open a WebSocket to ``url``, authenticate, and return it. Fails on anything but
     ``auth_ok``; the ``auth_ok`` frame is kept on the socket as ``ws.auth_ok``."""
+    # The control plane's client session, accepting any level: tests check the host.
+    session = ClientSession(token=token, client=client, required_isolation=None)
     ws = websocket.create_connection(url, timeout=timeout or scaled(10))
-    ws.send(protocol.encode(protocol.Auth(token=token, client=client)))
-    answer = recv_frame(ws)
-    if not isinstance(answer, protocol.AuthOk):
+    ws.send(session.connect())
+    events = session.receive(ws.recv())
+    if session.auth_ok is None:
         ws.close()
-        raise AssertionError(f"expected auth_ok, got {answer!r}")
-    ws.auth_ok = answer
+        raise AssertionError(f"expected auth_ok, got {events!r}")
+    ws.auth_ok = session.auth_ok
     return ws
 
 

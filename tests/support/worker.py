@@ -1,5 +1,5 @@
 """A real Celery worker process for tests (STYLE habit 8: not eager mode), started the
-same way the main job starts one (controlplane/sandbox/local.py), against the test
+same way the main job starts one (holdfast_devtools/processes.py), against the test
 database pytest-django created."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from controlplane.sandbox import local
+from holdfast_devtools import processes
 from tests.timing import scaled
 
 
 class WorkerProcess:
-    def __init__(self, child: local.Child) -> None:
+    def __init__(self, child: processes.Child) -> None:
         self.child = child
         self.popen = child.popen
 
@@ -41,7 +41,7 @@ def start_worker(env: dict[str, str], *, concurrency: int = 8) -> Iterator[Worke
     """Start ``celery worker`` against the test database and broker. ``env`` adds to
     (and overrides) this process's environment: the pool's settings go there."""
     child_env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": children_database_url(), **env}
-    worker = WorkerProcess(local.start_worker(child_env, concurrency=concurrency, name="test-worker"))
+    worker = WorkerProcess(processes.start_worker(child_env, concurrency=concurrency, name="test-worker"))
     try:
         yield worker
     finally:

@@ -30,7 +30,7 @@ class Command(HoldfastCommand):
     def handle(self, *args, **options) -> None:
         from controlplane.executions.api import execute
         from controlplane.owners.actions import ensure
-        from controlplane.sandbox import local
+        from holdfast_devtools import processes
 
         for folder in ("queue", "processed", "control"):
             (settings.VAR_DIR / "broker" / folder).mkdir(parents=True, exist_ok=True)
@@ -41,17 +41,17 @@ class Command(HoldfastCommand):
         self.stdout.write(f"broker:   {settings.CELERY_BROKER_URL}")
         token = secrets.token_urlsafe(32)
         try:
-            host = local.start_host(token, host_id="demo-host")
+            host = processes.start_host(token, host_id="demo-host")
         except RuntimeError as exc:
             # A host that cannot build its sandbox says why in its last line: show that,
             # not a traceback (e.g. "bubblewrap is not installed (... apt-get install ...)").
             raise CommandError(str(exc).strip().splitlines()[-1]) from None
-        self.stdout.write(f"host:     {local.host_url(host)}")
+        self.stdout.write(f"host:     {processes.host_url(host)}")
         worker = None
         failures = 0
         try:
-            worker = local.start_worker(
-                {"HOLDFAST_SANDBOX_URL": local.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}, concurrency=4
+            worker = processes.start_worker(
+                {"HOLDFAST_SANDBOX_URL": processes.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}, concurrency=4
             )
             self.stdout.write("worker:   ready\n")
             for name, code, limits, expected in SNIPPETS:

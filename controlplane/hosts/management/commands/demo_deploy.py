@@ -1,6 +1,6 @@
 """``manage.py demo_deploy``: watch Holdfast survive a rolling deploy on one machine.
 
-It starts two sandbox hosts behind a local TCP balancer (``controlplane.sandbox.balancer``),
+It starts two sandbox hosts behind a local TCP balancer (``holdfast_devtools.balancer``),
 a Celery worker and a steady stream of executions, then replaces one host the way a
 load balancer deregistration does:
 
@@ -91,8 +91,8 @@ class Command(HoldfastCommand):
     def handle(self, *args, max_age: float, longest: float, margin: float, **options) -> None:
         from controlplane.hosts import actions
         from controlplane.owners.actions import ensure
-        from controlplane.sandbox import local
-        from controlplane.sandbox.balancer import TcpBalancer
+        from holdfast_devtools import processes
+        from holdfast_devtools.balancer import TcpBalancer
 
         for folder in ("queue", "processed"):
             (settings.VAR_DIR / "broker" / folder).mkdir(parents=True, exist_ok=True)
@@ -106,7 +106,7 @@ class Command(HoldfastCommand):
             f"+ margin {margin:g} s = {delay:g} s"
         )
         token = secrets.token_urlsafe(32)
-        children: dict[str, local.Child] = {}
+        children: dict[str, processes.Child] = {}
         worker = None
         ensure("demo-deploy")  # every execution belongs to an owner
         stream = Stream(longest)
@@ -114,13 +114,13 @@ class Command(HoldfastCommand):
         balancer = TcpBalancer().start()
         try:
             for name in (OLD, STEADY, NEW):
-                children[name] = local.start_host(token, host_id=name)
-                actions.register(name, address=local.host_url(children[name]))
-            balancer.add_target(OLD, ("127.0.0.1", local.host_port(children[OLD])))
-            balancer.add_target(STEADY, ("127.0.0.1", local.host_port(children[STEADY])))
+                children[name] = processes.start_host(token, host_id=name)
+                actions.register(name, address=processes.host_url(children[name]))
+            balancer.add_target(OLD, ("127.0.0.1", processes.host_port(children[OLD])))
+            balancer.add_target(STEADY, ("127.0.0.1", processes.host_port(children[STEADY])))
             url = f"ws://127.0.0.1:{balancer.address[1]}"
             self.stdout.write(f"balancer: {url} -> {OLD}, {STEADY}")
-            worker = local.start_worker(
+            worker = processes.start_worker(
                 {
                     "HOLDFAST_SANDBOX_URL": url,
                     "HOLDFAST_SANDBOX_TOKEN": token,
@@ -137,7 +137,7 @@ class Command(HoldfastCommand):
             started = time.monotonic()
             stream.start()
             self._run_for(WARM_UP_S, stream, started, "serving")
-            balancer.add_target(NEW, ("127.0.0.1", local.host_port(children[NEW])))
+            balancer.add_target(NEW, ("127.0.0.1", processes.host_port(children[NEW])))
             balancer.deregister(OLD)
             self._run_for(delay, stream, started, f"deregistered {OLD}")
             cut = balancer.cut(OLD)

@@ -24,6 +24,7 @@ from django.utils import timezone
 from controlplane.commands import HoldfastCommand
 from controlplane.hosts import actions, snapshots
 from controlplane.hosts.models import SandboxHost
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.hosts")
 
@@ -104,15 +105,17 @@ class Command(HoldfastCommand):
             f"live runs still on it {live_runs}"
         )
         log.info(
-            "event=drain_finished host=%s host_id=%s source=operator outcome=%s elapsed_s=%.1f "
-            "connections_retired=%d finished=%d in_flight=%d",
-            row.name,
-            host_id,
-            outcome,
-            elapsed,
-            sum(retired.values()),
-            finished,
-            in_flight,
+            "drain_finished",
+            extra=fields(
+                host=row.name,
+                host_id=host_id,
+                source="operator",
+                outcome=outcome,
+                elapsed_s=round(elapsed, 1),
+                connections_retired=sum(retired.values()),
+                finished=finished,
+                in_flight=in_flight,
+            ),
         )
         if not snaps:
             self.stdout.write("note: no worker process is publishing snapshots, so no pool holds work on it")

@@ -12,8 +12,8 @@ from controlplane.commands import HoldfastCommand
 from controlplane.owners.actions import ensure
 from controlplane.owners.errors import OwnerError
 from controlplane.runs import actions
+from controlplane.runs.dispatch import enqueue_launch_on_commit
 from controlplane.runs.errors import RunsError
-from controlplane.runs.tasks import enqueue_launch
 
 DEFAULT_OWNER = "operator"
 
@@ -65,7 +65,7 @@ class Command(HoldfastCommand):
                 run = actions.create_run(
                     owner, job, _pairs(options["secret"], "--secret"), callback_url=options["callback_url"]
                 )
-                enqueue_launch(run.id)
+                enqueue_launch_on_commit(run.id)
         except RunsError as exc:
             raise CommandError(exc.message) from None
         except OwnerError as exc:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sandbox_host import protocol as p
+from holdfast_wire import protocol as p
 
 EVERY_FRAME = [
     p.Auth(token="t0ken", client="worker pid=1"),

@@ -5,16 +5,18 @@ was in flight is interrupted (it may have run), never accepted."""
 from __future__ import annotations
 
 import contextlib
-import threading
 import uuid
 from collections.abc import Iterator
 
-from websockets.sync.server import serve
+import pytest
 
-from controlplane.sandbox.connection import HostConnection
-from controlplane.sandbox.outcome import ExecRequest
-from sandbox_host import protocol
+from controlplane.pool.connection import HostConnection
+from controlplane.pool.outcome import ExecRequest
+from holdfast_wire import protocol
+from tests.support.scripted import scripted_host
 from tests.timing import scaled
+
+pytestmark = pytest.mark.peer
 
 
 @contextlib.contextmanager
@@ -33,14 +35,8 @@ def oversized_host(stdout_bytes: int) -> Iterator[str]:
                 )
             )
 
-    with serve(handler, "127.0.0.1", 0, max_size=None) as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
-        finally:
-            server.shutdown()
-            thread.join()
+    with scripted_host(handler, max_size=None) as url:
+        yield url
 
 
 def run_one(url: str) -> tuple[protocol.Frame | None, bool]:

@@ -11,11 +11,13 @@ from dataclasses import replace
 
 import pytest
 
-from controlplane.sandbox import outcome as texts
-from controlplane.sandbox.pool import SandboxPool
-from tests.executions.test_pool import BASE, request
+from controlplane.pool import outcome as texts
+from controlplane.pool.pool import SandboxPool
+from tests.pool.test_pool import BASE, request
 from tests.support.host import start_host
 from tests.timing import scaled, wait_until
+
+pytestmark = pytest.mark.peer
 
 
 def run_in_thread(pool: SandboxPool, req, **kwargs):
@@ -62,7 +64,7 @@ def test_code_too_large_once_encoded_is_refused_and_spares_its_neighbours(sandbo
         pool = SandboxPool(replace(BASE, url=host.url, token=sandbox_token))
         try:
             neighbour, box = run_in_thread(pool, request("import time; time.sleep(1.5); print('ok')"))
-            wait_until(lambda: pool.snapshot() and pool.snapshot()[0]["in_flight"] == 1, what="the neighbour")
+            wait_until(lambda: pool.snapshot() and pool.snapshot()[0].in_flight == 1, what="the neighbour")
             refused = pool.run(request(big))
             neighbour.join(scaled(30))
         finally:
@@ -153,7 +155,7 @@ def test_a_host_at_capacity_is_waited_for_not_given_up_on(sandbox_token):
         pool = SandboxPool(replace(BASE, url=host.url, token=sandbox_token))
         try:
             first, box = run_in_thread(pool, request("import time; time.sleep(1.5); print('first')"))
-            wait_until(lambda: pool.snapshot() and pool.snapshot()[0]["in_flight"] == 1, what="the first")
+            wait_until(lambda: pool.snapshot() and pool.snapshot()[0].in_flight == 1, what="the first")
             second = pool.run(request("print('second')"))
             first.join(scaled(30))
         finally:

@@ -10,11 +10,13 @@ from dataclasses import replace
 
 import pytest
 
-from controlplane.sandbox import outcome as texts
-from controlplane.sandbox.outcome import ExecRequest
-from controlplane.sandbox.pool import PoolConfig, SandboxPool
+from controlplane.pool import outcome as texts
+from controlplane.pool.outcome import ExecRequest
+from controlplane.pool.pool import PoolConfig, SandboxPool
 from tests.support.host import SHARED_LEVEL, share, start_host
 from tests.timing import scaled, wait_until
+
+pytestmark = pytest.mark.peer
 
 BASE = PoolConfig(
     url="",
@@ -209,15 +211,13 @@ def test_connection_retires_at_max_age_after_finishing_its_work(sandbox_token):
             )
             t.start()
             wait_until(lambda: pool.snapshot(), timeout=10, what="a connection")
-            wait_until(
-                lambda: pool.snapshot() and pool.snapshot()[0]["state"] == "retiring", timeout=5, what="retirement"
-            )
+            wait_until(lambda: pool.snapshot() and pool.snapshot()[0].state == "retiring", timeout=5, what="retirement")
             # A retiring connection takes no new work: this one opens a second connection.
             quick = pool.run(request("print('quick')"))
             assert quick.status == "succeeded"
             t.join()
             assert long_run[0].status == "succeeded" and long_run[0].stdout.strip() == "done"
-            wait_until(lambda: all(c["state"] != "retiring" for c in pool.snapshot()), timeout=5, what="close")
+            wait_until(lambda: all(c.state != "retiring" for c in pool.snapshot()), timeout=5, what="close")
         finally:
             pool.close()
 
@@ -226,7 +226,7 @@ def test_work_a_draining_host_refuses_moves_to_another_host(sandbox_token, share
     """Interleaving fake: the connection ignores the host's draining frame, so the next
     execution really reaches the draining host, which must answer not_started; the
     pool must move it (it never ran) and it runs exactly once, on the new host."""
-    from controlplane.sandbox.balancer import TcpBalancer
+    from holdfast_devtools.balancer import TcpBalancer
 
     marker = shared_dir / "ran.txt"
     shared = share(shared_dir)
@@ -244,7 +244,7 @@ def test_work_a_draining_host_refuses_moves_to_another_host(sandbox_token, share
                     target=lambda: held.append(pool.run(request("import time; time.sleep(2); print('held')")))
                 )
                 t.start()
-                wait_until(lambda: pool.snapshot() and pool.snapshot()[0]["in_flight"] == 1, what="in flight")
+                wait_until(lambda: pool.snapshot() and pool.snapshot()[0].in_flight == 1, what="in flight")
                 conn = pool._connections[0]
                 real_retire = conn.retire
                 conn.retire = lambda reason: None if reason == "host draining" else real_retire(reason)
@@ -267,7 +267,7 @@ def test_idle_connection_closes_at_max_age(sandbox_token):
         pool = SandboxPool(replace(BASE, url=host.url, token=sandbox_token, max_age_s=1.0, max_age_jitter=0.0))
         try:
             assert pool.run(request("print(1)")).status == "succeeded"
-            wait_until(lambda: pool.snapshot() == [] or pool.snapshot()[0]["state"] == "closed", timeout=5)
+            wait_until(lambda: pool.snapshot() == [] or pool.snapshot()[0].state == "closed", timeout=5)
         finally:
             pool.close()
 
@@ -290,6 +290,6 @@ def test_a_host_below_the_required_isolation_gets_nothing(sandbox_token, tmp_pat
         lenient = SandboxPool(replace(BASE, url=host.url, token=sandbox_token, required_isolation="insecure-rlimits"))
         try:
             assert lenient.run(request("print('ok')")).stdout == "ok\n"
-            assert [c["isolation"] for c in lenient.snapshot()] == ["insecure-rlimits"]
+            assert [c.isolation for c in lenient.snapshot()] == ["insecure-rlimits"]
         finally:
             lenient.close()

@@ -14,8 +14,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from controlplane.sandbox.balancer import DeregistrationReport, TcpBalancer, UnknownTarget, deregistration
+from holdfast_devtools.balancer import DeregistrationReport, TcpBalancer, UnknownTarget, deregistration
 from tests.timing import scaled, wait_until
+
+pytestmark = pytest.mark.peer
 
 
 class EchoServer:

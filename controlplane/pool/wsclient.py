@@ -1,4 +1,5 @@
-"""websocket-client with a receive limit.
+"""websocket-client with a receive limit, and ``dial``: connect and authenticate a
+client session, the one way every control-plane caller opens a host connection.
 
 websocket-client reads whatever length a frame header announces (up to 2**63 bytes)
 and joins continuation frames without bound, so a faulty or hostile host could make a
@@ -17,7 +18,7 @@ from typing import Any
 import websocket
 from websocket._abnf import continuous_frame, frame_buffer
 
-from sandbox_host import protocol
+from holdfast_wire import client, protocol
 
 # Largest message accepted from a host, in bytes: the largest a host sends.
 MAX_RECEIVE_BYTES = protocol.MAX_RESULT_FRAME_BYTES
@@ -71,3 +72,43 @@ def create_connection(url: str, **options: Any) -> websocket.WebSocket:
     if url.startswith("wss://"):
         options.setdefault("sslopt", tls_options())
     return websocket.create_connection(url, class_=LimitedWebSocket, **options)
+
+
+class DialFailed(Exception):
+    """Connecting or authenticating failed: nothing but ``auth`` was sent. ``refusal``
+    is the session's verdict when the host answered (a wrong token, a level below the
+    required isolation)."""
+
+    def __init__(self, reason: str, *, refusal: client.AuthRefused | None = None) -> None:
+        super().__init__(reason)
+        self.refusal = refusal
+
+
+def dial(
+    url: str, session: client.ClientSession, *, timeout_s: float, **options: Any
+) -> tuple[websocket.WebSocket, list[client.Event]]:
+    """Connect to ``url`` and authenticate ``session`` on it: the socket (its timeout
+    still ``timeout_s``) and the session's events for ``auth_ok`` (``Authenticated``,
+    maybe ``HostDraining``), or ``DialFailed``."""
+    try:
+        ws = create_connection(url, timeout=timeout_s, **options)
+    except Exception as exc:  # any failure to connect is a failed connect, nothing more
+        raise DialFailed(f"connect: {describe(exc)}") from None
+    try:
+        ws.send(session.connect())
+        events = session.receive(ws.recv())
+    except (OSError, websocket.WebSocketException, UnicodeDecodeError) as exc:
+        ws.shutdown()
+        raise DialFailed(f"auth: {describe(exc)}") from None
+    refusal = next((e for e in events if isinstance(e, client.AuthRefused)), None)
+    if refusal is not None:
+        ws.shutdown()
+        raise DialFailed(refusal.reason, refusal=refusal)
+    return ws, events
+
+
+def describe(exc: BaseException) -> str:
+    """The class and the first line of the reason, bounded: a handshake error's text can
+    carry response headers, and nothing here may echo a frame or the URL."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{exc.__class__.__name__}: {text}"[:120] if text else exc.__class__.__name__

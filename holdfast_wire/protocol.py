@@ -1,6 +1,7 @@
 """The worker <-> sandbox host wire protocol: typed frames, encoded as JSON text frames.
 
-Pure functions, no I/O: both sides import this module, and its tests feed it strings.
+Pure functions, no I/O: the client and server sessions (``client.py``, ``server.py``)
+build on it, and its tests feed it strings.
 Documented frame by frame in ``docs/protocol.md``.
 
 Compatibility rules (a worker of release N works with a host of release N-1 and the
@@ -66,7 +67,7 @@ RESULT_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 # no record of it (never launched here, or launched under another state directory).
 RUN_STATUSES = frozenset({"running", "exited", "unknown"})
 
-# Containment levels a host reports in ``auth_ok``, weakest first (``sandbox_host.isolation``
+# Containment levels a host reports in ``auth_ok``, weakest first (the host's ``isolation``
 # says what each gives). An empty or unknown level (a host of an older release) ranks
 # below all of them.
 ISOLATION_LEVELS = ("insecure-rlimits", "insecure-shared-uid", "insecure-shared-dir", "bwrap")

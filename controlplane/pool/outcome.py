@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandbox_host import protocol
+from holdfast_wire import protocol
 
 # Texts are part of the product: operators grep for them and services match on status.
 CANCELLED = "Execution cancelled"
@@ -31,7 +31,6 @@ WORKER_LOST = "Code execution was interrupted because its worker stopped while i
 # fails with exactly this text when its connection drops.
 INTERRUPTED = "Code execution was interrupted because the connection to its sandbox host closed"
 
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "interrupted"})
 # What a host may report for an execution it ran (the rest are the pool's own verdicts).
 RESULT_STATUSES = protocol.RESULT_STATUSES
 

@@ -24,12 +24,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
-from controlplane.sandbox import outcome as texts
-from controlplane.sandbox.connection import CLOSED, OPEN, RETIRING, ConnectFailed, HostConnection, Pending
-from controlplane.sandbox.outcome import RESULT_STATUSES, ExecRequest, Outcome
-from sandbox_host import protocol
+from controlplane.pool import outcome as texts
+from controlplane.pool.connection import ConnectFailed, HostConnection, Pending
+from controlplane.pool.outcome import RESULT_STATUSES, ExecRequest, Outcome
+from controlplane.pool.state import ConnectionSnapshot, ConnState, PoolListener, RetireReason
+from holdfast_wire import addresses, backoff, protocol
+from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.pool")
 
@@ -84,13 +85,13 @@ class PoolConfig:
 
     def urls(self) -> list[str]:
         """One address (a balancer, or one host) or a comma-separated list of hosts the
-        pool dials directly, in turn."""
-        return [u.strip() for u in self.url.split(",") if u.strip()]
+        pool dials directly, in turn (``holdfast_wire.addresses``)."""
+        return list(addresses.parse(self.url))
 
     def missing(self) -> str:
         """Which setting is absent or unusable; empty when the pool can dial."""
         urls = self.urls()
-        if not urls or any(urlsplit(u).scheme not in {"ws", "wss"} or not urlsplit(u).hostname for u in urls):
+        if not urls or not all(addresses.usable(u) for u in urls):
             return "HOLDFAST_SANDBOX_URL" if not urls else "a usable HOLDFAST_SANDBOX_URL (ws:// or wss://)"
         if not self.token:
             return "HOLDFAST_SANDBOX_TOKEN"
@@ -99,12 +100,6 @@ class PoolConfig:
 
 class _AtCapacity(Exception):
     pass
-
-
-def _public(url: str) -> str:
-    """scheme://host:port only: never credentials, a path or a query in an error text."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
 class SandboxPool:
@@ -119,6 +114,7 @@ class SandboxPool:
         self._hook_runner: threading.Thread | None = None
         self._client = f"worker pid={os.getpid()}"
         self._hooks: list[Callable[[SandboxPool], None]] = []
+        self._listeners: list[PoolListener] = []
         # (monotonic time, host id) of recent finishes, for the drain page's rates.
         self._finished: deque[tuple[float, str]] = deque(maxlen=FINISHED_HISTORY)
         self._urls = config.urls()
@@ -146,7 +142,7 @@ class SandboxPool:
         self._ensure_housekeeper()
         deadline = time.monotonic() + self.config.acquire_timeout_s
         moves = 0
-        busy_backoff = RETRY_BACKOFF_FIRST_S
+        busy_retries = 0
         refused: set[HostConnection] = set()  # answered not_started for this request
         while True:
             try:
@@ -158,7 +154,7 @@ class SandboxPool:
             except ConnectFailed as exc:
                 return Outcome.system(
                     "failed",
-                    texts.CONNECT_FAILED.format(url=", ".join(map(_public, self._urls)), reason=exc),
+                    texts.CONNECT_FAILED.format(url=", ".join(map(addresses.public, self._urls)), reason=exc),
                     attempts=moves + 1,
                 )
             if conn is None:  # cancelled while waiting for a slot: nothing was sent
@@ -171,14 +167,15 @@ class SandboxPool:
                 if answer.reason == "at_capacity":
                     # Busy, not leaving: wait a little and try again, within the acquire
                     # timeout, rather than spending a move on every refusal of a burst.
-                    if time.monotonic() + busy_backoff > deadline:
+                    if not backoff.wait(
+                        busy_retries, first_s=RETRY_BACKOFF_FIRST_S, max_s=RETRY_BACKOFF_MAX_S, deadline=deadline
+                    ):
                         return Outcome.system(
                             "failed",
                             texts.AT_CAPACITY.format(seconds=self.config.acquire_timeout_s),
                             attempts=moves + 1,
                         )
-                    time.sleep(busy_backoff)
-                    busy_backoff = min(busy_backoff * 2, RETRY_BACKOFF_MAX_S)
+                    busy_retries += 1
                     continue
                 refused.add(conn)
             # It never left this process (or the host refused it before creating a child).
@@ -189,27 +186,25 @@ class SandboxPool:
                     "failed", texts.NOT_PLACED.format(moves=self.config.max_moves), attempts=moves + 1
                 )
             moves += 1
-            log.info("event=execution_moved execution_id=%s from_host_id=%s moves=%d", request.id, conn.host_id, moves)
+            log.info("execution_moved", extra=fields(execution_id=request.id, from_host_id=conn.host_id, moves=moves))
 
-    def snapshot(self) -> list[dict]:
+    def snapshot(self) -> list[ConnectionSnapshot]:
         """Per connection: host, state, age, in flight. For the drain page and tests."""
         with self._lock:
             conns = list(self._connections)
-        return [
-            {
-                "host_id": c.host_id,
-                "isolation": c.isolation,
-                "reserve": c.reserve,
-                "url": c.url,
-                "state": c.state,
-                "retire_reason": c.retire_reason,
-                "age_s": round(c.age(), 3),
-                "max_age_s": round(c.max_age_s, 3),
-                "in_flight": c.in_flight,
-                "finished": c.finished_count,
-            }
-            for c in conns
-        ]
+        return [c.snapshot() for c in conns]
+
+    def add_listener(self, listener: PoolListener) -> None:
+        """Tell ``listener`` of every connection's state changes from now on
+        (``state.PoolListener``): the typed way to learn them, never the logs."""
+        self._listeners.append(listener)
+
+    def _notify(self, hook: str, conn: ConnectionSnapshot) -> None:
+        for listener in list(self._listeners):
+            try:
+                getattr(listener, hook)(conn)
+            except Exception:
+                log.exception("pool_listener_failed", extra=fields(listener=type(listener).__name__, hook=hook))
 
     def finished_since(self, seconds: float) -> dict[str, int]:
         """Executions answered per host id in the last ``seconds``."""
@@ -235,10 +230,10 @@ class SandboxPool:
         for host_id in host_ids:
             self.retire_host(host_id)
 
-    def retire_host(self, host_id: str, reason: str = "operator drain") -> int:
+    def retire_host(self, host_id: str, reason: RetireReason = RetireReason.OPERATOR_DRAIN) -> int:
         """Retire every connection to ``host_id`` now rather than at max age."""
         with self._lock:
-            targets = [c for c in self._connections if c.host_id == host_id and c.state == OPEN]
+            targets = [c for c in self._connections if c.host_id == host_id and c.state is ConnState.OPEN]
         for conn in targets:
             conn.retire(reason)
         return len(targets)
@@ -256,7 +251,7 @@ class SandboxPool:
     def _acquire(
         self, deadline: float, cancel: CancelCheck | None, avoid: set[HostConnection] = frozenset()
     ) -> HostConnection | None:
-        backoff = RETRY_BACKOFF_FIRST_S
+        failures = 0
         while True:
             with self._lock:
                 if self._closed:
@@ -267,7 +262,9 @@ class SandboxPool:
                     return best
                 # Retiring and expired connections do not count: a replacement may open
                 # while they drain (the housekeeper retires the expired ones).
-                live = sum(1 for c in self._connections if c.state == OPEN and not c.expired()) + self._opening
+                live = (
+                    sum(1 for c in self._connections if c.state is ConnState.OPEN and not c.expired()) + self._opening
+                )
                 # One connection opens at a time: callers arriving together share it
                 # (up to the per-connection limit) instead of each dialing its own.
                 may_open = live < self.config.max_connections and self._opening == 0
@@ -290,19 +287,21 @@ class SandboxPool:
                     client=self._client,
                     required_isolation=self.config.required_isolation,
                 )
-                if conn.host_id in self._draining_ids or conn.state != OPEN:
+                if conn.host_id in self._draining_ids or conn.state is not ConnState.OPEN:
                     # Behind a balancer the pool cannot choose the host; a drained or
                     # draining one is let go at once and the next attempt dials again.
-                    conn.retire("operator drain" if conn.host_id in self._draining_ids else "host draining")
+                    drained = conn.host_id in self._draining_ids
+                    conn.retire(RetireReason.OPERATOR_DRAIN if drained else RetireReason.HOST_DRAINING)
                     raise ConnectFailed(f"host {conn.host_id} is draining")
             except ConnectFailed as exc:
-                log.warning("event=connect_failed url=%s reason=%r", _public(conn.url), str(exc))
+                log.warning("connect_failed", extra=fields(url=addresses.public(conn.url), reason=str(exc)))
                 # A restarting balancer or host refuses for a moment; keep trying until the
                 # caller's deadline, then report the last reason.
-                if time.monotonic() + backoff > deadline:
+                if not backoff.wait(
+                    failures, first_s=RETRY_BACKOFF_FIRST_S, max_s=RETRY_BACKOFF_MAX_S, deadline=deadline
+                ):
                     raise
-                time.sleep(backoff)
-                backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
+                failures += 1
                 continue
             else:
                 with self._lock:
@@ -327,6 +326,7 @@ class SandboxPool:
             max_age_s=self.config.max_age_s * jitter,
             limit=self.config.per_connection_limit,
             on_change=self._changed,
+            notify=self._notify,
         )
 
     def _least_loaded(self, avoid: set[HostConnection]) -> HostConnection | None:
@@ -336,7 +336,7 @@ class SandboxPool:
         return min(candidates, key=lambda c: c.in_flight)
 
     def _prune(self) -> None:
-        self._connections = [c for c in self._connections if c.state != CLOSED]
+        self._connections = [c for c in self._connections if c.state is not ConnState.CLOSED]
 
     def _changed(self) -> None:
         with self._lock:
@@ -380,9 +380,8 @@ class SandboxPool:
     ) -> Outcome | protocol.NotStarted:
         frame = pending.frame
         if isinstance(frame, protocol.NotStarted):
-            if frame.reason == "draining":
-                # Its draining frame may still be on the way; this answer says the same.
-                conn.retire("host refused new work: draining")
+            # A not_started(draining) answer already retired the connection (the session
+            # hears it as the host draining).
             return frame
         if isinstance(frame, protocol.Result):
             if frame.status not in RESULT_STATUSES:
@@ -415,7 +414,7 @@ class SandboxPool:
                 sent=True,
             )
         # The socket dropped after the frame was sent: it may have run. Never re-run it.
-        log.warning("event=execution_interrupted execution_id=%s host_id=%s", pending.request.id, conn.host_id)
+        log.warning("execution_interrupted", extra=fields(execution_id=pending.request.id, host_id=conn.host_id))
         return Outcome.system("interrupted", texts.INTERRUPTED, host_id=conn.host_id, attempts=attempts, sent=True)
 
     # --- housekeeping --------------------------------------------------------------
@@ -440,9 +439,9 @@ class SandboxPool:
                     return
                 conns = list(self._connections)
             for conn in conns:
-                if conn.state == OPEN and conn.expired():
-                    conn.retire("max age")
-                elif conn.state == RETIRING and conn.in_flight == 0:
+                if conn.state is ConnState.OPEN and conn.expired():
+                    conn.retire(RetireReason.MAX_AGE)
+                elif conn.state is ConnState.RETIRING and conn.in_flight == 0:
                     conn.close("retired")
             time.sleep(HOUSEKEEPING_INTERVAL_S)
 
@@ -455,7 +454,7 @@ class SandboxPool:
                 try:
                     hook(self)
                 except Exception:
-                    log.exception("event=housekeeping_hook_failed hook=%s", getattr(hook, "__name__", hook))
+                    log.exception("housekeeping_hook_failed", extra=fields(hook=getattr(hook, "__name__", hook)))
             time.sleep(HOUSEKEEPING_INTERVAL_S)
 
 
@@ -473,7 +472,7 @@ def _cancelled(cancel: CancelCheck | None) -> bool:
     try:
         return bool(cancel())
     except Exception:
-        log.warning("event=cancel_check_failed", exc_info=True)
+        log.warning("cancel_check_failed", exc_info=True)
         return False
 
 
@@ -492,15 +491,6 @@ def get_pool() -> SandboxPool:
         return _pool
 
 
-def reset_pool() -> None:
-    """Drop this process's pool (tests, and a forked child that must not share sockets)."""
-    global _pool
-    with _pool_lock:
-        old, _pool = _pool, None
-    if old is not None:
-        old.close()
-
-
 def _after_fork() -> None:
     global _pool, _pool_lock
     # A forked child must not use its parent's sockets or threads, nor a lock another
@@ -511,4 +501,4 @@ def _after_fork() -> None:
 
 os.register_at_fork(after_in_child=_after_fork)
 
-__all__ = ["CLOSED", "OPEN", "RETIRING", "PoolConfig", "SandboxPool", "get_pool", "reset_pool"]
+__all__ = ["ConnState", "ConnectionSnapshot", "PoolConfig", "PoolListener", "RetireReason", "SandboxPool", "get_pool"]
