@@ -29,11 +29,11 @@ import django  # noqa: E402
 
 django.setup()
 
-from controlplane.sandbox import local  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from bench.run import ms  # noqa: E402
+from holdfast_devtools import processes  # noqa: E402
 
 SNIPPET = "print(1)"
 A, B = "bench-flood-a", "bench-flood-b"
@@ -47,7 +47,7 @@ def phase(env: dict[str, str], *, flood: int, n: int, interval: float, concurren
 
     for _ in range(flood):
         submit(SNIPPET, owner=A, timeout_s=30)
-    worker = local.start_worker(env, concurrency=concurrency, name="bench-fair-worker")
+    worker = processes.start_worker(env, concurrency=concurrency, name="bench-fair-worker")
     try:
         ids = []
         for _ in range(n):
@@ -94,9 +94,9 @@ def main() -> None:
     # Caps large enough for the flood: this measures dispatch order, not admission.
     Owner.objects.filter(name=A).update(max_queued=max(args.flood, 1), max_active=None)
     token = secrets.token_urlsafe(32)
-    host = local.start_host(token, host_id="bench-fairness")
+    host = processes.start_host(token, host_id="bench-fairness")
     try:
-        env = {"HOLDFAST_SANDBOX_URL": local.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}
+        env = {"HOLDFAST_SANDBOX_URL": processes.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}
         alone, _ = phase(env, flood=0, n=args.n, interval=args.interval, concurrency=args.concurrency)
         flooded, a_left = phase(env, flood=args.flood, n=args.n, interval=args.interval, concurrency=args.concurrency)
         phases = [("B alone (baseline)", alone), ("B while A floods", flooded)]

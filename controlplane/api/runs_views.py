@@ -9,9 +9,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 
 from controlplane.owners.models import Owner
 from controlplane.runs import actions, jobs, notifications, steering
+from controlplane.runs.dispatch import enqueue_launch_on_commit
 from controlplane.runs.errors import RunsError
 from controlplane.runs.models import Run, SteerMessage
-from controlplane.runs.tasks import enqueue_launch
 
 from . import idempotency, representations, sse
 from .edge import endpoint, owned
@@ -69,7 +69,7 @@ def _answer(row: Run, *, status: int = 200, replayed: bool = False) -> JsonRespo
 def _create(owner: str, body: dict):
     run = actions.create_run(owner, body["job"], body.get("secrets"), callback_url=body.get("callback_url", ""))
     # Published once the run (and the idempotency record) commit.
-    enqueue_launch(run.id)
+    enqueue_launch_on_commit(run.id)
     return run.pk
 
 
