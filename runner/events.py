@@ -26,13 +26,13 @@ from __future__ import annotations
 import collections
 import datetime
 import json
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
+from runner.log import fields, log
 from runner.redact import Redactor
 from runner.transport import ServerRejected, TransportError
 
@@ -199,12 +199,8 @@ class EventStream:
             self._pending.clear()
             # Producers blocked on the full buffer must resume: the job keeps running.
             self._cond.notify_all()
-        print(
-            "runner: event=events_truncated the run reached its event limit; "
-            "the job keeps running and its further output is not sent",
-            file=sys.stderr,
-            flush=True,
-        )
+        # The run reached its event limit: the job keeps running, its output is not sent.
+        log.warning("events_truncated", extra=fields(events_dropped=self.dropped))
 
     def _fail(self, exc: TransportError, *, lost: int) -> None:
         with self._cond:

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.events import EventStream, pump_lines
-from runner.redact import Redactor, diagnostic_line
+from runner.log import fields, log, use_redactor
+from runner.redact import Redactor, diagnostic_fields
 from runner.steer import Steering
 from runner.transport import ControlPlaneClient, RunTerminal, TransportError
 
@@ -160,19 +161,19 @@ def report_result(client: ControlPlaneClient, outcome: JobOutcome, redactor: Red
         client.call("POST", "result", body={**body, "summary": {}})
     except RunTerminal as exc:
         if exc.recorded_status != outcome.status:
-            fields = {
+            data = {
                 "run_id": client.run_id,
                 "attempted_status": outcome.status,
                 "recorded_status": exc.recorded_status,
                 "exit_code": outcome.exit_code,
                 "error": outcome.error,
             }
-            print(diagnostic_line("result_discarded_run_terminal", fields, redactor), file=sys.stderr)
+            log.warning("result_discarded_run_terminal", extra=fields(**diagnostic_fields(data, redactor)))
 
 
 def _log_retry(endpoint: str, attempt: int, reason: str) -> None:
     # Endpoint, a count and a failure class or status: nothing secret can be in it.
-    print(f"runner: event=retry endpoint={endpoint} attempt={attempt} reason={reason!r}", file=sys.stderr, flush=True)
+    log.info("retry", extra=fields(endpoint=endpoint, attempt=attempt, reason=reason))
 
 
 class Undeliverable(Exception):
@@ -198,18 +199,18 @@ class Undeliverable(Exception):
         )
 
 
-def breadcrumb(run_id: str, failure: Undeliverable, redactor: Redactor | None = None) -> str:
-    """The one stderr line an undeliverable call leaves: run id, endpoint, attempted
-    status, attempt count and the failure's class. Never a secret (allowlisted scalar
-    fields, redacted with the run's keys)."""
-    fields = {
+def breadcrumb(run_id: str, failure: Undeliverable, redactor: Redactor | None = None) -> dict[str, object]:
+    """The fields of the one ``undeliverable`` line an undeliverable call leaves: run id,
+    endpoint, attempted status, attempt count and the failure's class. Never a secret
+    (allowlisted scalar fields, redacted with the run's keys)."""
+    data = {
         "run_id": run_id,
         "endpoint": failure.endpoint,
         "attempted_status": failure.attempted_status,
         "attempts": failure.attempts,
         "reason": failure.reason,
     }
-    return "runner: " + diagnostic_line("undeliverable", fields, redactor or Redactor(()))
+    return diagnostic_fields(data, redactor or Redactor(()))
 
 
 def live(base_url: str, run_id: str, run_key: str, *, unix_socket: str | None = None) -> JobOutcome:
@@ -252,7 +253,7 @@ def _make_non_dumpable() -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     except (OSError, AttributeError):
-        print("runner: event=non_dumpable_unavailable", file=sys.stderr, flush=True)
+        log.warning("non_dumpable_unavailable")
 
 
 def _read_key(fd_text: str) -> str:
@@ -284,9 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         values["HOLDFAST_RUN_KEY"] = _read_key(key_fd)
     missing = [name for name, value in values.items() if not value]
     if missing:
-        print(f"runner: missing {', '.join(missing)}", file=sys.stderr)
+        log.error("missing_inputs", extra=fields(names=",".join(missing)))
         return 2
-    print(f"runner: event=started run_id={values['HOLDFAST_RUN_ID']} pid={os.getpid()}", file=sys.stderr, flush=True)
+    use_redactor(Redactor((), keys=[values["HOLDFAST_RUN_KEY"]]))
+    log.info("started", extra=fields(run_id=values["HOLDFAST_RUN_ID"], pid=os.getpid()))
     run_id = values["HOLDFAST_RUN_ID"]
     try:
         outcome = live(
@@ -296,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         # One line, coordinates only, no traceback: the run's outcome could not reach the
         # control plane within its budget. Reconcile finds the run by its host's probe.
         redactor = Redactor((), keys=[values["HOLDFAST_RUN_KEY"]])
-        print(breadcrumb(run_id, failure, redactor), file=sys.stderr, flush=True)
+        log.error("undeliverable", extra=fields(**breadcrumb(run_id, failure, redactor)))
         return 1
-    print(f"runner: event=finished status={outcome.status} exit_code={outcome.exit_code}", file=sys.stderr, flush=True)
+    log.info("finished", extra=fields(status=outcome.status, exit_code=outcome.exit_code))
     return 0 if outcome.status == "succeeded" else 1

@@ -6,16 +6,15 @@ JWT-shaped strings, and values after labels such as password, secret, token, api
 access key (``:`` or ``=``, quoted or not). Strings are redacted; dicts (keys too) and
 lists recursively. A dict value under a sensitive key is replaced whole.
 
-``diagnostic_line`` is how a line outside the event stream is built (DESIGN.md: diagnostics
-never carry secrets): only allowlisted scalar fields, each redacted and then cut, and the
-finished line redacted again.
+``diagnostic_fields`` is what a log line outside the event stream may carry (DESIGN.md:
+diagnostics never carry secrets): only allowlisted scalar fields, each redacted and then
+cut; ``runner/log.py`` redacts the finished line again.
 
 Standard library only: the control plane imports this module too.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -66,7 +65,6 @@ _LABEL_VALUE = re.compile(
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9\-._~+/]+=*")
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}")
 _SENSITIVE_KEY = re.compile(r"(?i)" + _LABEL + r"$")
-_PREFIX = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 def _label_sub(match: re.Match[str]) -> str:
@@ -125,35 +123,25 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + CUT_MARKER
 
 
-def diagnostic_line(
-    prefix: str,
+def diagnostic_fields(
     fields: Mapping[str, Any],
     secrets: Iterable[str] | Redactor = (),
     *,
     field_max_chars: int = DEFAULT_FIELD_MAX_CHARS,
-) -> str:
-    """``prefix key=value ...`` from allowlisted scalar fields only.
-
-    Each value is redacted BEFORE it is cut (cutting first could leave half a secret that
-    no longer matches), then the finished line is redacted again. Fields outside the
-    allowlist, and non-scalar values, are left out and counted in ``omitted=``.
-    """
-    if not _PREFIX.match(prefix):
-        raise ValueError("prefix must be a short lowercase identifier")
+) -> dict[str, Any]:
+    """The allowlisted scalar fields of ``fields``, sorted by name, each string redacted
+    BEFORE it is cut (cutting first could leave half a secret that no longer matches).
+    Fields outside the allowlist, and non-scalar values, are left out and counted in
+    ``omitted``."""
     redactor = secrets if isinstance(secrets, Redactor) else Redactor(secrets)
-    parts = [prefix]
+    kept: dict[str, Any] = {}
     omitted = 0
     for key in sorted(fields):
         value = fields[key]
         if key not in DIAGNOSTIC_FIELDS or not (value is None or isinstance(value, str | int | float | bool)):
             omitted += 1
             continue
-        if isinstance(value, str):
-            # json.dumps keeps the line one line: newlines and quotes are escaped.
-            rendered = json.dumps(_cut(redactor.text(value), field_max_chars), ensure_ascii=False)
-        else:
-            rendered = _cut(json.dumps(value), field_max_chars)
-        parts.append(f"{key}={rendered}")
+        kept[key] = _cut(redactor.text(value), field_max_chars) if isinstance(value, str) else value
     if omitted:
-        parts.append(f"omitted={omitted}")
-    return redactor.text(" ".join(parts))
+        kept["omitted"] = omitted
+    return kept

@@ -67,8 +67,11 @@ from .log import log
 from .procs import alive, start_time
 
 RUNNER_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runner")
+# The wire package (standard library only): the runner logs in its logfmt style.
+WIRE_SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "holdfast_wire")
 RELAY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
-# Inside the sandbox: the runner's package and the relay's socket, both read-only binds.
+# Inside the sandbox: the runner's and the wire's packages and the relay's socket, all
+# read-only binds.
 SANDBOX_LIB = f"{sandbox.HOLDFAST_DIR}/lib"
 SANDBOX_SOCK_DIR = f"{sandbox.HOLDFAST_DIR}/sock"
 SOCKET_NAME = "api.sock"
@@ -287,7 +290,11 @@ class RunSandboxes:
                     scratch_bytes=limits.scratch_bytes,
                     env=env,
                     die_with_parent=False,  # detached: the run survives its host
-                    ro_binds=((RUNNER_SOURCE, f"{SANDBOX_LIB}/runner"), (sock_dir, SANDBOX_SOCK_DIR)),
+                    ro_binds=(
+                        (RUNNER_SOURCE, f"{SANDBOX_LIB}/runner"),
+                        (WIRE_SOURCE, f"{SANDBOX_LIB}/holdfast_wire"),
+                        (sock_dir, SANDBOX_SOCK_DIR),
+                    ),
                     status_fd=status_fd,
                 )
             )

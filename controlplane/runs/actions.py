@@ -323,6 +323,6 @@ def _finish(
         receipt = receipts.seal(run)
         # Written with the claim, sent after commit: a lost claim notifies nobody.
         notifications.record(run)
-        line = diagnostic(run, "run_finished", {"status": status, "exit_code": exit_code})
-    logger.info("%s", line)
+        finished = diagnostic(run, {"status": status, "exit_code": exit_code})
+    logger.info("run_finished", extra=fields(**finished))
     return receipt

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.redact import Redactor, diagnostic_line
+from runner.redact import Redactor, diagnostic_fields
 
 from . import credentials
 from .models import Run
@@ -24,6 +24,6 @@ def run_redactor(run: Run) -> Redactor:
     return Redactor(secrets, keys=keys)
 
 
-def diagnostic(run: Run, prefix: str, fields: Mapping[str, Any]) -> str:
-    """A log line about ``run`` from allowlisted scalar fields, redacted (DESIGN.md)."""
-    return diagnostic_line(prefix, {"run_id": str(run.id), **fields}, run_redactor(run))
+def diagnostic(run: Run, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A log line's fields about ``run``: allowlisted scalars, redacted (DESIGN.md)."""
+    return diagnostic_fields({"run_id": str(run.id), **fields}, run_redactor(run))

@@ -87,8 +87,8 @@ def test_a_terminal_run_with_another_verdict_counts_as_recorded_and_leaves_one_l
         assert live(server.url, "7", RUN_KEY).status == "succeeded"
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert err[0].startswith("result_discarded_run_terminal ")
-    assert 'recorded_status="cancelled"' in err[0] and 'attempted_status="succeeded"' in err[0]
+    assert " event=result_discarded_run_terminal " in err[0] and " level=warning " in err[0]
+    assert "recorded_status=cancelled" in err[0] and "attempted_status=succeeded" in err[0]
     assert SESSION not in err[0] and RUN_KEY not in err[0]
 
 
@@ -133,7 +133,7 @@ def test_python_m_runner_refuses_arguments_and_missing_inputs(args: tuple[str, .
 
 
 def _undeliverable_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("runner: undeliverable ")]
+    return [line for line in stderr.splitlines() if " logger=holdfast.runner event=undeliverable " in line]
 
 
 def test_a_hello_that_never_succeeds_leaves_one_breadcrumb_and_exits_1_without_a_traceback() -> None:
@@ -145,7 +145,8 @@ def test_a_hello_that_never_succeeds_leaves_one_breadcrumb_and_exits_1_without_a
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     [line] = _undeliverable_lines(done.stderr)
-    assert 'run_id="7"' in line and 'endpoint="hello"' in line and "attempts=1" in line
+    assert line.startswith("ts=") and " level=error " in line
+    assert "run_id=7" in line and "endpoint=hello" in line and "attempts=1" in line
     assert RUN_KEY not in done.stderr
 
 
@@ -159,7 +160,7 @@ def test_a_result_that_cannot_be_delivered_leaves_one_breadcrumb_with_its_attemp
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     [line] = _undeliverable_lines(done.stderr)
-    assert 'endpoint="result"' in line and 'attempted_status="succeeded"' in line and 'reason="ServerRejected"' in line
+    assert "endpoint=result" in line and "attempted_status=succeeded" in line and "reason=ServerRejected" in line
     assert RUN_KEY not in done.stderr and SESSION not in done.stderr and "tok-secret-value-9" not in done.stderr
 
 
@@ -168,8 +169,10 @@ def test_an_outage_past_the_budget_names_its_attempt_count() -> None:
     from runner.transport import OutageExceeded
 
     failure = Undeliverable.from_transport(OutageExceeded("result", 23, "connect: ConnectionRefusedError"), "failed")
-    line = breadcrumb("run-1", failure)
-    assert line == (
-        'runner: undeliverable attempted_status="failed" attempts=23 endpoint="result" reason="OutageExceeded" '
-        'run_id="run-1"'
-    )
+    assert breadcrumb("run-1", failure) == {
+        "attempted_status": "failed",
+        "attempts": 23,
+        "endpoint": "result",
+        "reason": "OutageExceeded",
+        "run_id": "run-1",
+    }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from typing import Any
 
@@ -9,7 +11,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from runner.redact import CUT_MARKER, REDACTED, Redactor, diagnostic_line
+from runner.log import fields, log, use_redactor
+from runner.redact import CUT_MARKER, REDACTED, Redactor, diagnostic_fields
 
 SECRET_CHARS = st.characters(codec="utf-8", exclude_categories=("Cs", "Cc"))
 secrets_ = st.text(SECRET_CHARS, min_size=8, max_size=40).filter(lambda s: s not in REDACTED and s.strip() == s)
@@ -80,11 +83,25 @@ def test_a_value_after_a_label_never_survives_unknown(label: str, sep: str, quot
     assert out.startswith("config ") and out.endswith(" end")
 
 
+def logged(event: str, data: dict, secrets: list[str]) -> str:
+    """What the runner's log writes for ``event`` with ``data`` under a run redactor
+    knowing ``secrets``: the real path (diagnostic_fields, then runner/log.py)."""
+    redactor = Redactor(secrets)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(out):
+            use_redactor(redactor)
+            log.warning(event, extra=fields(**diagnostic_fields(data, redactor)))
+    finally:
+        use_redactor(Redactor(()))
+    return out.getvalue()
+
+
 @settings(max_examples=200, deadline=None)
 @given(secret=secrets_, prefix=filler, cut_at=st.integers(min_value=1, max_value=600))
 def test_a_diagnostic_line_never_carries_a_secret(secret: str, prefix: str, cut_at: int) -> None:
     error = (prefix * 40)[:cut_at] + secret + prefix
-    line = diagnostic_line("result_discarded_run_terminal", {"error": error, "body": secret}, [secret])
+    line = logged("result_discarded_run_terminal", {"error": error, "body": secret}, [secret])
     assert secret not in line
 
 
@@ -127,33 +144,29 @@ def test_short_injected_secrets_are_kept_but_run_keys_are_always_redacted() -> N
     assert r.text("short long-enough-1 k3y") == f"short {REDACTED} {REDACTED}"
 
 
-def test_diagnostic_line_keeps_only_allowlisted_scalars() -> None:
-    line = diagnostic_line(
-        "result_discarded_run_terminal",
-        {"attempted_status": "succeeded", "recorded_status": "failed", "exit_code": 0, "summary": {"a": 1}},
-        [],
+def test_diagnostic_fields_keep_only_allowlisted_scalars() -> None:
+    kept = diagnostic_fields(
+        {"attempted_status": "succeeded", "recorded_status": "failed", "exit_code": 0, "summary": {"a": 1}}, []
     )
-    assert line == (
-        'result_discarded_run_terminal attempted_status="succeeded" exit_code=0 recorded_status="failed" omitted=1'
-    )
-    assert "pull request body" not in diagnostic_line("x", {"pull_request_body": "pull request body"}, [])
+    assert kept == {"attempted_status": "succeeded", "exit_code": 0, "recorded_status": "failed", "omitted": 1}
+    assert "pull request body" not in logged("x", {"pull_request_body": "pull request body"}, [])
 
 
 def test_diagnostic_fields_are_cut_after_redaction() -> None:
     """Cutting first would leave the head of a secret that no longer matches it."""
     secret = "S3CR-ETVALUE-0001"
-    line = diagnostic_line("x", {"error": "a" * 508 + secret}, [secret])
-    assert "S3CR" not in line
-    assert line.endswith(f'{CUT_MARKER}"')
-    assert len(line) < 600
+    kept = diagnostic_fields({"error": "a" * 508 + secret}, [secret])
+    assert "S3CR" not in kept["error"] and kept["error"].endswith(CUT_MARKER)
+    line = logged("x", {"error": "a" * 508 + secret}, [secret])
+    assert "S3CR" not in line and len(line) < 700
 
 
-def test_diagnostic_line_is_redacted_again_whole() -> None:
+def test_a_log_line_is_redacted_again_whole() -> None:
     """A secret spanning two fields is only visible in the finished line."""
-    secret = 'x" reason="y'
-    line = diagnostic_line("x", {"error": "x", "reason": "y"}, [secret])
-    assert secret not in line
+    secret = "x reason=y"
+    line = logged("x", {"error": "x", "reason": "y"}, [secret])
+    assert "event=x " in line and secret not in line
 
 
-def test_diagnostic_line_stays_on_one_line() -> None:
-    assert "\n" not in diagnostic_line("x", {"error": "a\nb"}, [])
+def test_a_log_line_stays_on_one_line() -> None:
+    assert "\n" not in logged("x", {"error": "a\nb"}, []).rstrip("\n")

@@ -34,3 +34,11 @@ def test_the_wire_package_imports_only_the_standard_library_and_itself():
 def test_the_control_plane_and_the_host_never_import_each_other():
     assert not {(f, m) for f, m in imported("controlplane") if m == "sandbox_host"}
     assert not {(f, m) for f, m in imported("sandbox_host") if m in {"controlplane", "holdfast_devtools"}}
+
+
+def test_the_runner_imports_only_what_its_sandbox_binds():
+    """A run's sandbox holds the standard library and two read-only packages, the runner
+    and the wire (sandbox_host/runs.py): anything else would fail only inside a sandbox."""
+    allowed = {*sys.stdlib_module_names, "runner", "holdfast_wire"}
+    foreign = {(f, m) for f, m in imported("runner") if m not in allowed}
+    assert not foreign, sorted(foreign)
