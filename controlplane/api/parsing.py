@@ -19,6 +19,8 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest
 
+from controlplane.bodies import read_limited, reject_constant
+
 from .errors import InvalidField, InvalidJson, MissingField, TooLarge, UnknownField, UnsupportedMediaType
 
 NUMBER = "number"
@@ -53,21 +55,7 @@ def _is(kind: str, value: Any) -> bool:
 
 
 def read_body(request: HttpRequest) -> bytes:
-    limit = settings.API_MAX_BODY_BYTES
-    try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise InvalidJson("invalid Content-Length") from None
-    if declared > limit:
-        raise TooLarge(limit)
-    data = request.read(limit + 1)
-    if len(data) > limit:
-        raise TooLarge(limit)
-    return data
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(name)
+    return read_limited(request, settings.API_MAX_BODY_BYTES, invalid=InvalidJson, too_large=TooLarge)
 
 
 def _storable(value: Any, field: str, depth: int = 0) -> None:
@@ -100,7 +88,7 @@ def json_body(request: HttpRequest, fields: dict[str, Field]) -> dict[str, Any]:
     if not raw.strip():
         raw = b"{}"
     try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        body = json.loads(raw.decode("utf-8"), parse_constant=reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise InvalidJson() from None
     if not isinstance(body, dict):

@@ -29,11 +29,10 @@ import json
 import re
 from urllib.parse import parse_qs
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
 from django.http import HttpResponse
 
+from controlplane.asyncdb import in_executor
 from controlplane.runs.models import Run
 
 from .auth import authenticate
@@ -99,17 +98,6 @@ def stream_route(scope: dict) -> str | None:
     return match.group(1) if b"text/event-stream" in accept else None
 
 
-def _in_executor(fn):
-    def run(*args):
-        close_old_connections()
-        try:
-            return fn(*args)
-        finally:
-            close_old_connections()
-
-    return sync_to_async(run, thread_sensitive=False)
-
-
 def _open(authorization: str, client: str, run_id: str, last_event_id: str | None, after: str | None):
     owner = authenticate(authorization, client)
     run = owned(Run, run_id, owner)
@@ -152,7 +140,7 @@ async def handle(scope: dict, receive, send, run_id: str) -> None:
     _Streams.open += 1
     try:
         try:
-            run_pk, after = await _in_executor(_open)(
+            run_pk, after = await in_executor(_open)(
                 headers.get("authorization", ""),
                 client,
                 run_id,
@@ -193,7 +181,7 @@ async def _stream(send, run_pk, after: int, gone: asyncio.Event) -> None:
     deadline = loop.time() + settings.API_SSE_MAX_S
     last_write = loop.time()
     while not gone.is_set() and loop.time() < deadline:
-        page = await _in_executor(_page)(run_pk, after)
+        page = await in_executor(_page)(run_pk, after)
         body = b"".join(frame(e) for e in page["events"])
         after = page["next_after"]
         if page["complete"]:

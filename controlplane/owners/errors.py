@@ -28,6 +28,11 @@ class Refused(OwnerError):
     code = "refused"
     http_status = 503
     retry_after_s = 1
+    # The stable text a person reads; a detail (which cap, how many) follows it.
+    text = "Code execution was refused for now. Please try again in a moment."
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(f"{self.text} ({detail})" if detail else self.text)
 
 
 class OwnerLimit(Refused):
@@ -37,9 +42,6 @@ class OwnerLimit(Refused):
     http_status = 429
     text = "Too many concurrent code executions. Please wait for some to complete before running more."
 
-    def __init__(self, detail: str = "") -> None:
-        super().__init__(f"{self.text} ({detail})" if detail else self.text)
-
 
 class AtCapacity(Refused):
     """The whole deployment is full, whoever asks."""
@@ -48,9 +50,6 @@ class AtCapacity(Refused):
     http_status = 503
     text = "Code execution is at capacity. Please try again in a moment."
 
-    def __init__(self, detail: str = "") -> None:
-        super().__init__(f"{self.text} ({detail})" if detail else self.text)
-
 
 class QueueWaitExceeded(Refused):
     """Queued longer than the deployment lets work wait; it was not run."""
@@ -58,6 +57,3 @@ class QueueWaitExceeded(Refused):
     code = "queue_wait_exceeded"
     http_status = 503
     text = "Code execution waited too long in the queue and was not run. Please try again."
-
-    def __init__(self, detail: str = "") -> None:
-        super().__init__(f"{self.text} ({detail})" if detail else self.text)

@@ -17,6 +17,8 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone
 
+from controlplane.bodies import read_limited, reject_constant
+
 from .actions import EventIn
 from .errors import BadRequest, TooLarge
 
@@ -27,20 +29,7 @@ RESULT_STATUSES = ("succeeded", "failed", "cancelled")
 
 
 def read_body(request: HttpRequest, limit: int) -> bytes:
-    try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise BadRequest("invalid Content-Length") from None
-    if declared > limit:
-        raise TooLarge(limit)
-    data = request.read(limit + 1)
-    if len(data) > limit:
-        raise TooLarge(limit)
-    return data
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(name)
+    return read_limited(request, limit, invalid=BadRequest, too_large=TooLarge)
 
 
 def _check_storable(value: Any, depth: int = 0) -> None:
@@ -66,7 +55,7 @@ def _check_storable(value: Any, depth: int = 0) -> None:
 
 def json_object(raw: bytes) -> dict:
     try:
-        value = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        value = json.loads(raw.decode("utf-8"), parse_constant=reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise BadRequest("body is not valid JSON") from None
     if not isinstance(value, dict):

@@ -21,25 +21,14 @@ import types
 import uuid
 from urllib.parse import parse_qs
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
+
+from controlplane.asyncdb import in_executor
 
 from . import credentials, steering
 from .errors import MethodNotAllowed, RateLimited, RunsError
 from .steer_hub import hub
 from .views import authenticate
-
-
-def _in_executor(fn):
-    def run(*args):
-        close_old_connections()
-        try:
-            return fn(*args)
-        finally:
-            close_old_connections()
-
-    return sync_to_async(run, thread_sensitive=False)
 
 
 def _first(run_id: str, authorization: str, query: dict[str, list[str]], client: str = "") -> tuple[list[dict], bool]:
@@ -66,7 +55,7 @@ async def poll(
             run_id = str(uuid.UUID(run_id))
         waiter = steer_hub.waiter(run_id) if steer_hub is not None else contextlib.nullcontext(None)
         with waiter as event:
-            messages, legacy = await _in_executor(_first)(run_id, authorization, query, client)
+            messages, legacy = await in_executor(_first)(run_id, authorization, query, client)
             if messages:
                 return 200, {"messages": messages, "next_poll_s": 0}
             if legacy or event is None or not steer_hub.available or steer_hub.parked > settings.RUNS_STEER_MAX_PARKED:
@@ -80,7 +69,7 @@ async def poll(
                 # Not woken: nothing committed for this run while it was parked (a lost
                 # listener wakes every poll), so there is nothing to read.
                 return 200, {"messages": [], "next_poll_s": 0}
-            messages = await _in_executor(steering.pending_for)(run_id)
+            messages = await in_executor(steering.pending_for)(run_id)
             return 200, {"messages": messages, "next_poll_s": 0}
     except RateLimited as exc:
         return exc.http_status, {**exc.body(), "retry_after_s": exc.retry_after_s}
