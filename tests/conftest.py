@@ -4,6 +4,7 @@ processes on loopback ports (see tests/support/)."""
 from __future__ import annotations
 
 import secrets
+import time
 
 import pytest
 
@@ -54,3 +55,14 @@ def owners():
     from tests.support.owners import create_suite_owners
 
     return create_suite_owners()
+
+
+@pytest.fixture
+def pinned_rate_clock(monkeypatch):
+    """Rate-limit windows counted on one instant (now) for the whole test: the requests
+    of a test of a limit all fall in one fixed window, however slow the machine."""
+    from controlplane import ratelimit
+
+    instant = time.time()
+    monkeypatch.setattr(ratelimit, "clock", lambda: instant)
+    return instant

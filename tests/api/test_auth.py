@@ -109,6 +109,7 @@ def test_an_admin_session_does_not_authenticate_the_api(api):
     assert answer.status_code == 401 and Execution.objects.count() == 0
 
 
+@pytest.mark.usefixtures("pinned_rate_clock")
 def test_requests_are_rate_limited_per_key(api, other, settings):
     settings.API_RATE_PER_KEY = 3
     answers = [api.get(f"/executions/{EXECUTION_ID}") for _ in range(4)]
@@ -118,6 +119,7 @@ def test_requests_are_rate_limited_per_key(api, other, settings):
     assert other.get(f"/executions/{EXECUTION_ID}").status_code == 404
 
 
+@pytest.mark.usefixtures("pinned_rate_clock")
 def test_failed_authentications_are_rate_limited_per_address(api, settings):
     settings.API_RATE_FAILED_PER_ADDRESS = 2
     statuses = [api.get(f"/executions/{EXECUTION_ID}", key=f"hf_{i:012d}_guess").status_code for i in range(3)]

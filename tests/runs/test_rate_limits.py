@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _fresh_counters():
+def _fresh_counters(pinned_rate_clock):
     cache.clear()
     yield
     cache.clear()

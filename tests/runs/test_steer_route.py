@@ -128,7 +128,9 @@ def test_a_malformed_id_is_refused_before_the_database_is_asked(running, django_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_asgi_long_poll_authenticates_and_is_rate_limited_like_every_runner_route(running, settings, monkeypatch):
+def test_the_asgi_long_poll_authenticates_and_is_rate_limited_like_every_runner_route(
+    running, settings, monkeypatch, pinned_rate_clock
+):
     """The long poll is served outside Django's request cycle; it still goes through the
     same authentication and rate limits (per key), and a 429 says when to retry."""
     import asyncio
