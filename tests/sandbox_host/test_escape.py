@@ -643,6 +643,27 @@ def test_a_runs_job_cannot_read_the_runners_key(state_dir):
     assert KEY not in output and TOKEN not in output
 
 
+def test_a_runs_job_cannot_plant_code_where_the_runner_imports_from(state_dir):
+    """The runner (it holds the key) imports its own package and the wire's logfmt from
+    /holdfast/lib: both are read-only binds, so a job cannot change what it runs."""
+    job = python_job(
+        "import os\n"
+        "for path in ('/holdfast/lib/runner/log.py', '/holdfast/lib/holdfast_wire/logfmt.py',\n"
+        "             '/holdfast/lib/holdfast_wire/planted.py', '/holdfast/lib/planted.py'):\n"
+        "    try:\n"
+        "        open(path, 'a').write('# planted')\n"
+        "        print('WROTE', path)\n"
+        "    except OSError as exc:\n"
+        "        print('unwritable', path, exc.__class__.__name__)\n"
+        "print('sees', sorted(os.listdir('/holdfast/lib')))\n"
+    )
+    plane = ControlPlane(job)
+    run_job(plane, state_dir)
+    assert "sees ['holdfast_wire', 'runner']" in plane.lines, plane.lines  # it did look
+    assert sum(line.startswith("unwritable ") for line in plane.lines) == 4, plane.lines
+    assert not any(line.startswith("WROTE") for line in plane.lines)
+
+
 def test_a_relay_carries_only_to_the_control_plane(state_dir):
     """What a job sends down the relay lands at the control plane's address whatever it
     asks for: an HTTP request naming another host is still answered by the control plane."""
