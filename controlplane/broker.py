@@ -17,7 +17,7 @@ import logging
 import os
 import uuid
 from queue import Empty
-from time import monotonic
+from time import time
 
 from kombu.transport import filesystem
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
@@ -28,11 +28,19 @@ from holdfast_wire.logfmt import fields
 log = logging.getLogger("holdfast.broker")
 
 PARTIAL_SUFFIX = ".partial"
+# Consumers take files in name order, so a name starts with the wall-clock millisecond
+# zero-padded to a fixed width: unpadded, "999_" sorts after "1000_", and kombu's
+# monotonic stamp restarts at boot while the folder survives it.
+STAMP_WIDTH = 15
+
+
+def message_stamp(at: float | None = None) -> str:
+    return f"{round((time() if at is None else at) * 1000):0{STAMP_WIDTH}d}"
 
 
 class Channel(filesystem.Channel):
     def _put(self, queue, payload, **kwargs):
-        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
+        name = f"{message_stamp()}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = final + PARTIAL_SUFFIX
         try:

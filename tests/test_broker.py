@@ -8,8 +8,10 @@ import os
 from pathlib import Path
 
 from kombu import Connection
+from kombu.transport.virtual import BrokerState
 
-from controlplane.broker import PARTIAL_SUFFIX, Transport
+from controlplane import broker
+from controlplane.broker import PARTIAL_SUFFIX, Transport, message_stamp
 
 QUEUE = "holdfast-test"
 
@@ -17,9 +19,12 @@ QUEUE = "holdfast-test"
 def _connection(root: Path) -> Connection:
     for folder in ("queue", "processed", "control"):
         (root / folder).mkdir(parents=True, exist_ok=True)
+    # kombu keeps the filesystem backend's declared bindings per process, so a second
+    # broker folder in one process would skip writing its binding: a state per folder.
+    transport = type("FolderTransport", (Transport,), {"global_state": BrokerState()})
     return Connection(
         "filesystem://localhost/",
-        transport=Transport,
+        transport=transport,
         transport_options={
             "data_folder_in": str(root / "queue"),
             "data_folder_out": str(root / "queue"),
@@ -33,14 +38,32 @@ def _connection(root: Path) -> Connection:
 def test_an_unreadable_message_file_is_set_aside_and_consuming_goes_on(tmp_path):
     with _connection(tmp_path) as conn:
         queue = conn.SimpleQueue(QUEUE)
-        # What kombu's own transport leaves between creating a file and writing it.
-        (tmp_path / "queue" / f"1_torn.{QUEUE}.msg").write_bytes(b"")
+        # What kombu's own transport leaves between creating a file and writing it,
+        # named to be taken before the good message.
+        torn = f"{message_stamp(0)}_torn.{QUEUE}.msg"
+        (tmp_path / "queue" / torn).write_bytes(b"")
         queue.put({"n": 1})
         message = queue.get(timeout=2)
         assert message.payload == {"n": 1}
         message.ack()
         queue.close()
-    assert [p.name for p in (tmp_path / "bad").iterdir()] == [f"1_torn.{QUEUE}.msg"]
+    assert [p.name for p in (tmp_path / "bad").iterdir()] == [torn]
+
+
+def test_messages_are_taken_in_the_order_they_were_put(tmp_path, monkeypatch):
+    with _connection(tmp_path) as conn:
+        queue = conn.SimpleQueue(QUEUE)
+        # Each stamp one digit longer than the last must still sort after it.
+        for n, at in enumerate((0.999, 1.0, 10.0)):
+            monkeypatch.setattr(broker, "time", lambda at=at: at)
+            queue.put(n)
+        taken = []
+        for _ in range(3):
+            message = queue.get(timeout=2)
+            taken.append(message.payload)
+            message.ack()
+        queue.close()
+    assert taken == [0, 1, 2]
 
 
 def test_a_message_still_being_written_is_not_consumed(tmp_path):
