@@ -290,6 +290,14 @@ CELERY_TASK_ACKS_LATE = True
 # A worker killed mid-task must not requeue forever ("message loops" in Celery's docs):
 # the claimed row already says the execution may have run, and the sweep marks it.
 CELERY_TASK_REJECT_ON_WORKER_LOST = False
+# Celery's Django fixup closes the database connection before and after every task
+# unless told to reuse it, which left CONN_MAX_AGE a dead letter in workers: each task
+# opened a new PostgreSQL connection (a backend process: about 8 ms here, more than the
+# claim's own queries). The fixup never closes it now; controlplane/celery.py closes what
+# Django closes after a request instead (past CONN_MAX_AGE, unusable, or left inside a
+# transaction), and the task's first query health-checks a kept connection
+# (CONN_HEALTH_CHECKS), so one the server dropped is replaced, not used.
+CELERY_DB_REUSE_MAX = sys.maxsize
 # Prefetch 1: a worker holds only the messages it is running, so on a warm shutdown
 # nothing sits reserved in a dying process and a scale-in hands work to the survivors.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

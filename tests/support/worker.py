@@ -37,11 +37,15 @@ def children_database_url() -> str:
 
 
 @contextlib.contextmanager
-def start_worker(env: dict[str, str], *, concurrency: int = 8) -> Iterator[WorkerProcess]:
+def start_worker(
+    env: dict[str, str], *, concurrency: int = 8, extra_args: tuple[str, ...] = ()
+) -> Iterator[WorkerProcess]:
     """Start ``celery worker`` against the test database and broker. ``env`` adds to
     (and overrides) this process's environment: the pool's settings go there."""
     child_env = {"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": children_database_url(), **env}
-    worker = WorkerProcess(processes.start_worker(child_env, concurrency=concurrency, name="test-worker"))
+    worker = WorkerProcess(
+        processes.start_worker(child_env, concurrency=concurrency, name="test-worker", extra_args=extra_args)
+    )
     try:
         yield worker
     finally:
