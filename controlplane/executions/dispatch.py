@@ -35,7 +35,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from controlplane.executions.models import DispatchTurn, Execution, Status
@@ -45,7 +45,7 @@ from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
 
-# Rows expired per dispatch or sweep: bounds the work done while the turn is locked.
+# Rows expired per call, oldest first: bounds the work done while the turn is locked.
 EXPIRE_BATCH = 500
 
 
@@ -70,9 +70,9 @@ def expire_overdue(now=None) -> list[str]:
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.EXECUTION_MAX_QUEUE_WAIT_S)
     ids = list(
-        Execution.objects.filter(status=Status.QUEUED, created_at__lt=cutoff).values_list("pk", flat=True)[
-            :EXPIRE_BATCH
-        ]
+        Execution.objects.filter(status=Status.QUEUED, created_at__lt=cutoff)
+        .order_by("created_at")
+        .values_list("pk", flat=True)[:EXPIRE_BATCH]
     )
     if not ids:
         return []
@@ -101,25 +101,33 @@ def _next_owner(turn: DispatchTurn, eligible: list[str], weights: dict[str, int]
 
 def claim_next(worker: str) -> str | None:
     """Claim the next execution by the fair rule (queued -> running) and return its id,
-    or None when nothing can be dispatched now. Exactly one worker can claim a row."""
+    or None when nothing can be dispatched now. Exactly one worker can claim a row.
+
+    Every query here runs under the one turn lock, so each costs every worker's claim
+    (docs/operations.md): one grouped count for queued and running, the owners, the
+    chosen row, the claim and the turn. Rows queued past the wait are expired when one
+    comes up as the choice (the oldest row of an owner is always the one chosen, so none
+    can run), and by the sweep otherwise, instead of a search at every claim."""
     with transaction.atomic():
         turn = _turn()
-        expire_overdue()
+        cutoff = timezone.now() - timedelta(seconds=settings.EXECUTION_MAX_QUEUE_WAIT_S)
         while True:
-            queued = dict(
-                Execution.objects.filter(status=Status.QUEUED)
+            counts = (
+                Execution.objects.filter(status__in=(Status.QUEUED, Status.RUNNING))
                 .values("owner")
-                .annotate(n=Count("pk"))
-                .values_list("owner", "n")
+                .annotate(
+                    queued=Count("pk", filter=Q(status=Status.QUEUED)),
+                    running=Count("pk", filter=Q(status=Status.RUNNING)),
+                )
+                .values_list("owner", "queued", "running")
             )
+            queued, running = {}, {}
+            for name, waiting, active in counts:
+                running[name] = active
+                if waiting:
+                    queued[name] = waiting
             if not queued:
                 return None
-            running = dict(
-                Execution.objects.filter(status=Status.RUNNING, owner__in=list(queued))
-                .values("owner")
-                .annotate(n=Count("pk"))
-                .values_list("owner", "n")
-            )
             # Rows of an owner deleted since they were accepted still run (nothing
             # accepted is lost), with weight 1 and the deployment's caps.
             owners = {o.name: o for o in Owner.objects.filter(name__in=list(queued))}
@@ -131,9 +139,17 @@ def claim_next(worker: str) -> str | None:
                 log.info("dispatch_parked", extra=fields(owners_at_cap=len(queued), queued=blocked))
                 return None
             owner, used = _next_owner(turn, eligible, weights)
-            row = Execution.objects.filter(owner=owner, status=Status.QUEUED).order_by("created_at", "pk").first()
+            row = (
+                Execution.objects.filter(owner=owner, status=Status.QUEUED)
+                .order_by("created_at", "pk")
+                .only("pk", "created_at")
+                .first()
+            )
             if row is None:
                 continue  # cancelled since the count: look again
+            if row.created_at < cutoff:
+                expire_overdue()  # it waited too long: never run; choose again
+                continue
             # The compare-and-set every claim has always been: a row cancelled or
             # abandoned since it was read is not claimed, and the choice is made again.
             if Execution.objects.filter(pk=row.pk, status=Status.QUEUED).update(
