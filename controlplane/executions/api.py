@@ -80,15 +80,14 @@ def submit(code: str, *, owner: str, timeout_s: float | None = None, memory_mb: 
     an unknown or disabled owner, an owner over a cap, or a full deployment. After
     commit a Celery message nudges a worker to dispatch one slot; which queued
     execution that slot runs is decided by the fair rule (dispatch.py)."""
-    from django.db import transaction
-
     from controlplane.executions import actions, enqueue
 
-    with transaction.atomic():
-        row = actions.create(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
-        # Publish only once the row is visible to the worker that will claim it. One
-        # nudge per accepted row: as many dispatches as there is work.
-        enqueue.enqueue_execution_on_commit(row.pk)
+    row = actions.create(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
+    # Published once the row is visible to the worker that will claim it: at once when
+    # create's own transaction has committed, or when the caller's does (the public API
+    # stores its idempotency record in the same one). One nudge per accepted row: as many
+    # dispatches as there is work.
+    enqueue.enqueue_execution_on_commit(row.pk)
     return row.pk
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, Q
 
 from controlplane.owners.actions import caps
 from controlplane.owners.errors import AtCapacity, OwnerDisabled, OwnerLimit, UnknownOwner
@@ -48,11 +49,12 @@ def admit_execution(name: str) -> Owner:
 
     owner = _locked_owner(name)
     limits = caps(owner)
-    mine = Execution.objects.filter(owner=owner.name)
-    active = mine.filter(status=Status.RUNNING).count()
+    mine = Execution.objects.filter(owner=owner.name, status__in=(Status.RUNNING, Status.QUEUED)).aggregate(
+        active=Count("pk", filter=Q(status=Status.RUNNING)), queued=Count("pk", filter=Q(status=Status.QUEUED))
+    )
+    active, queued = mine["active"], mine["queued"]
     if active >= limits.max_active:
         raise OwnerLimit(f"owner {owner.name!r} has {active} executions running; its cap is {limits.max_active}")
-    queued = mine.filter(status=Status.QUEUED).count()
     if queued >= limits.max_queued:
         raise OwnerLimit(f"owner {owner.name!r} has {queued} executions queued; its cap is {limits.max_queued}")
     total = Execution.objects.filter(status=Status.QUEUED).count()
