@@ -636,10 +636,14 @@ API_EVENTS_PAGE_MAX = env_int("HOLDFAST_API_EVENTS_PAGE_MAX", 500, minimum=1)
 # many seconds, then ends and the client reconnects with Last-Event-ID (no stream holds
 # a socket forever, and a deploy's old process lets go within it).
 API_SSE_MAX_S = env_float("HOLDFAST_API_SSE_MAX_S", 300.0, minimum=1.0)
-# Seconds between two reads of a streamed run's new events. Events are not announced
-# (no NOTIFY on append), so a stream polls; a read is one indexed query in a shared
-# executor thread, and the stream holds no thread in between.
+# Seconds between two reads of a streamed run's new events where they are not announced
+# (SQLite, or while the process's LISTEN connection reconnects); a read is one indexed
+# query in a shared executor thread, and the stream holds no thread in between.
 API_SSE_POLL_S = env_float("HOLDFAST_API_SSE_POLL_S", 0.5, minimum=0.05)
+# Where stored events are announced (PostgreSQL NOTIFY), a stream reads when woken and
+# otherwise only this often: a safety net for a notification lost, not the way events
+# arrive. A thousand quiet streams cost a read every few milliseconds, not 2,000 a second.
+API_SSE_SAFETY_POLL_S = env_float("HOLDFAST_API_SSE_SAFETY_POLL_S", 5.0, minimum=0.05)
 # Seconds between two keep-alive comments on a quiet stream: under a balancer's usual
 # 60 s idle timeout.
 API_SSE_HEARTBEAT_S = env_float("HOLDFAST_API_SSE_HEARTBEAT_S", 15.0, minimum=1.0)

@@ -11,8 +11,11 @@ Rules (docs/api.md, "Streaming events"):
 - Each event is one SSE message whose ``id`` is its ``seq``; a client that reconnects
   with ``Last-Event-ID`` (or ``?after=``) gets exactly the events after it, none twice,
   none lost (seqs are gapless per run: runs/models.py).
-- Events are not announced (nothing NOTIFYs on append), so the stream reads new ones
-  every ``API_SSE_POLL_S``.
+- New events are announced: the transaction that stores them NOTIFYs the run's id
+  (``runs.actions.EVENTS_CHANNEL``), and a stream parked on it (``controlplane/pghub.py``,
+  one LISTEN connection per process) reads them when woken, and every
+  ``API_SSE_SAFETY_POLL_S`` in case a notification went missing. Without one (SQLite,
+  the listener reconnecting) it reads every ``API_SSE_POLL_S``.
 - A stream ends with an ``end`` message once the run has ended and every event was
   sent, and in any case after ``API_SSE_MAX_S`` (the client reconnects with
   ``Last-Event-ID``): no stream holds its socket forever, and a deploy's old process
@@ -33,6 +36,8 @@ from django.conf import settings
 from django.http import HttpResponse
 
 from controlplane.asyncdb import in_executor
+from controlplane.pghub import hub
+from controlplane.runs.actions import EVENTS_CHANNEL
 from controlplane.runs.models import Run
 
 from .auth import authenticate
@@ -180,21 +185,41 @@ async def _stream(send, run_pk, after: int, gone: asyncio.Event) -> None:
     await send({"type": "http.response.body", "body": preamble(), "more_body": True})
     deadline = loop.time() + settings.API_SSE_MAX_S
     last_write = loop.time()
-    while not gone.is_set() and loop.time() < deadline:
-        page = await in_executor(_page)(run_pk, after)
-        body = b"".join(frame(e) for e in page["events"])
-        after = page["next_after"]
-        if page["complete"]:
-            body += end_frame(page["run_status"])
-        elif not body and loop.time() - last_write >= settings.API_SSE_HEARTBEAT_S:
-            body = HEARTBEAT
-        if body:
-            await send({"type": "http.response.body", "body": body, "more_body": True})
-            last_write = loop.time()
-        if page["complete"]:
-            break
-        if len(page["events"]) >= settings.API_EVENTS_PAGE_MAX:
-            continue  # a backlog: read the next page at once
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(gone.wait(), min(settings.API_SSE_POLL_S, max(0.0, deadline - loop.time())))
+    events_hub = hub(EVENTS_CHANNEL)
+    waiter = events_hub.waiter(str(run_pk)) if events_hub is not None else contextlib.nullcontext(None)
+    with waiter as woken:
+        while not gone.is_set() and loop.time() < deadline:
+            if woken is not None:
+                woken.clear()  # before the read: what is announced after it wakes us again
+            page = await in_executor(_page)(run_pk, after)
+            body = b"".join(frame(e) for e in page["events"])
+            after = page["next_after"]
+            if page["complete"]:
+                body += end_frame(page["run_status"])
+            elif not body and loop.time() - last_write >= settings.API_SSE_HEARTBEAT_S:
+                body = HEARTBEAT
+            if body:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                last_write = loop.time()
+            if page["complete"]:
+                break
+            if len(page["events"]) >= settings.API_EVENTS_PAGE_MAX:
+                continue  # a backlog: read the next page at once
+            announced = woken is not None and events_hub.available
+            pause = settings.API_SSE_SAFETY_POLL_S if announced else settings.API_SSE_POLL_S
+            heartbeat_due = last_write + settings.API_SSE_HEARTBEAT_S - loop.time()
+            # Woken also when the listener (re)connects: then the safety poll applies.
+            await _pause(gone, woken, min(pause, heartbeat_due, deadline - loop.time()))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _pause(gone: asyncio.Event, woken: asyncio.Event | None, seconds: float) -> None:
+    """Until the client leaves, new events are announced, or ``seconds`` pass."""
+    waits = [asyncio.ensure_future(gone.wait())]
+    if woken is not None:
+        waits.append(asyncio.ensure_future(woken.wait()))
+    try:
+        await asyncio.wait(waits, timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()

@@ -23,6 +23,7 @@ from django.db import transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from controlplane import pgnotify
 from controlplane.owners import admission
 from holdfast_wire.logfmt import fields
 
@@ -146,6 +147,16 @@ class EventIn:
     sent_ts: str | None = None
 
 
+# NOTIFY'd with the run's id in the transaction that stores its events, so an event
+# stream parked on it (api/sse.py) wakes when they are visible, and never for a rollback.
+EVENTS_CHANNEL = "holdfast_run_events"
+
+
+def _announce_events(run: Run) -> None:
+    if pgnotify.enabled():
+        pgnotify.send(EVENTS_CHANNEL, str(run.pk))
+
+
 def append_events(run_id: object, batch_key: str, events: list[EventIn]) -> tuple[int, int]:
     """Append one batch; return (first_seq, count). A replayed batch key returns the
     original answer and adds nothing; the same key with other events is refused.
@@ -179,6 +190,7 @@ def append_events(run_id: object, batch_key: str, events: list[EventIn]) -> tupl
             RunEventBatch.objects.create(
                 run=run, batch_key=batch_key, first_seq=first_seq, count=len(events), events_sha256=batch_sha256
             )
+            _announce_events(run)
     if truncated:
         # Raised after the commit, so the events_truncated event and the mark stay.
         raise EventsTruncated()
@@ -206,6 +218,7 @@ def _truncate_events(run: Run, seq: int, data: dict) -> None:
     now = timezone.now()
     RunEvent.objects.create(run=run, seq=seq, type=EVENTS_TRUNCATED, data=data, ts=now)
     Run.objects.filter(pk=run.pk).update(events_truncated_at=now)
+    _announce_events(run)
     logger.warning(
         "run_events_truncated", extra=fields(run_id=run.pk, reason=data["reason"], events_stored=data["events_stored"])
     )
@@ -319,6 +332,7 @@ def _finish(
             data={"status": status, "exit_code": exit_code, "error": error},
             ts=now,
         )
+        _announce_events(run)
         run.refresh_from_db()
         receipt = receipts.seal(run)
         # Written with the claim, sent after commit: a lost claim notifies nobody.

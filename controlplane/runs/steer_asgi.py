@@ -24,10 +24,10 @@ from urllib.parse import parse_qs
 from django.conf import settings
 
 from controlplane.asyncdb import in_executor
+from controlplane.pghub import hub
 
 from . import credentials, steering
 from .errors import MethodNotAllowed, RateLimited, RunsError
-from .steer_hub import hub
 from .views import authenticate
 
 
@@ -49,7 +49,7 @@ async def poll(
     try:
         if method != "GET":
             raise MethodNotAllowed(["GET"])
-        steer_hub = hub()
+        steer_hub = hub(steering.STEER_CHANNEL)
         # Keyed as NOTIFY spells it (the canonical UUID); a malformed id fails auth anyway.
         with contextlib.suppress(ValueError):
             run_id = str(uuid.UUID(run_id))

@@ -2,7 +2,7 @@
 
 Sending (``send``) commits a ``SteerMessage`` and, on PostgreSQL, a ``NOTIFY`` on
 ``STEER_CHANNEL`` carrying the run id in the same transaction, so a parked poll is
-woken exactly when the row is visible (runs/steer_hub.py).
+woken exactly when the row is visible (controlplane/pghub.py).
 
 Serving (``serve``) is the runner's poll (docs/runner-api.md, "steer"):
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from controlplane.executions.models import Execution
@@ -27,6 +28,19 @@ STREAMS_ALLOWED = 24
 def web(tmp_path_factory, django_db_setup):
     env = {"HOLDFAST_API_SSE_POLL_S": "0.1", "HOLDFAST_API_SSE_MAX_STREAMS": str(STREAMS_ALLOWED)}
     with start_api_web(tmp_path_factory.mktemp("api-web"), **env) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def announced_web(tmp_path_factory, django_db_setup):
+    """A web process whose streams would read the database (and send a keep-alive) only
+    once an hour: events reach a stream there only if their transaction wakes it."""
+    env = {
+        "HOLDFAST_API_SSE_POLL_S": "3600",
+        "HOLDFAST_API_SSE_SAFETY_POLL_S": "3600",
+        "HOLDFAST_API_SSE_HEARTBEAT_S": "3600",
+    }
+    with start_api_web(tmp_path_factory.mktemp("api-web-announced"), **env) as process:
         yield process
 
 
@@ -158,3 +172,19 @@ def test_a_stream_ends_by_itself_after_its_bound(tmp_path):
         assert stream.next() is None
         stream.close()
     assert Run.objects.get(pk=run_id).status == "running"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
+def test_stored_events_wake_a_parked_stream_without_its_poll(announced_web):
+    api = make_api("acme")
+    run_id = _running_run(api)
+    stream = EventStream(announced_web.port, f"/api/v1/runs/{run_id}/events/stream", _bearer(api))
+    assert stream.next() == {"retry": "1000"}
+    _append(run_id, "a1", "one")  # the stream has read (nothing) and parked by now, or reads it first
+    assert [e["data"]["line"] for e in stream.events(1)] == ["one"]
+    _append(run_id, "a2", "two", "three")
+    assert [e["data"]["line"] for e in stream.events(2)] == ["two", "three"]
+    actions.cancel_run(run_id)  # the run's result event is announced too, and ends the stream
+    assert [e["type"] for e in stream.events(1)] == ["result"]
+    assert stream.next() == {"event": "end", "data": '{"run_status": "cancelled"}'}
+    stream.close()

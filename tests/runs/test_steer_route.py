@@ -134,11 +134,11 @@ def test_the_asgi_long_poll_authenticates_and_is_rate_limited_like_every_runner_
     """The long poll is served outside Django's request cycle; it still goes through the
     same authentication and rate limits (per key), and a 429 says when to retry."""
     import asyncio
-    import contextlib
 
     from django.db import connection
 
-    from controlplane.runs import steer_asgi, steer_hub
+    from controlplane import pghub
+    from controlplane.runs import steer_asgi
 
     settings.RUNS_API_RATE_PER_KEY = 2
     # The poll's database work runs on executor threads; their connections must close
@@ -151,11 +151,9 @@ def test_the_asgi_long_poll_authenticates_and_is_rate_limited_like_every_runner_
         answers = [await steer_asgi.poll("GET", running.run_id, bearer, {"ack": [""]}, "10.9.9.9") for _ in range(3)]
         answers.append(await steer_asgi.poll("GET", running.run_id, "Bearer wrong", {"ack": [""]}, "10.9.9.8"))
         # This loop's listener holds a connection to the test database: close it.
-        listening = steer_hub.hub()
-        if listening is not None and listening._task is not None:
-            listening._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listening._task
+        listening = pghub.hub(steering.STEER_CHANNEL)
+        if listening is not None:
+            await listening.close()
         return answers
 
     answers = asyncio.run(scenario())
