@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import random
-import types
 import uuid
 from urllib.parse import parse_qs
 
@@ -28,14 +27,12 @@ from controlplane.pghub import hub
 
 from . import credentials, steering
 from .errors import MethodNotAllowed, RateLimited, RunsError
-from .views import authenticate
+from .views import authenticate_bearer
 
 
 def _first(run_id: str, authorization: str, query: dict[str, list[str]], client: str = "") -> tuple[list[dict], bool]:
-    # What ``authenticate`` reads of a request: the bearer, and the peer address its
-    # rate limit counts per client (the same limits as every other runner route).
-    request = types.SimpleNamespace(headers={"Authorization": authorization}, META={"REMOTE_ADDR": client})
-    run = authenticate(request, run_id, credentials.SESSION)  # type: ignore[arg-type]
+    # The same check and rate limits as every other runner route.
+    run = authenticate_bearer(authorization, client, run_id, credentials.SESSION)
     poll = steering.parse_poll(query)
     return steering.serve(run, poll), poll.legacy
 

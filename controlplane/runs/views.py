@@ -29,17 +29,17 @@ from .models import Run
 Handler = Callable[[HttpRequest, Run], HttpResponse]
 
 
-def _bearer(request: HttpRequest) -> str:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+def _bearer(authorization: str) -> str:
+    scheme, _, token = authorization.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized()
     return token
 
 
-def _rate_limit_key(request: HttpRequest) -> None:
+def _rate_limit_key(authorization: str) -> None:
     """Per run key (one runaway runner), before any database work."""
-    _, _, token = request.headers.get("Authorization", "").partition(" ")
+    _, _, token = authorization.partition(" ")
     if token.strip():
         retry = ratelimit.hit(
             "runner-key", token.strip(), limit=settings.RUNS_API_RATE_PER_KEY, window_s=settings.RUNS_API_RATE_WINDOW_S
@@ -48,7 +48,7 @@ def _rate_limit_key(request: HttpRequest) -> None:
             raise RateLimited(retry)
 
 
-def _refused(request: HttpRequest, exc: RunsError) -> RunsError:
+def _refused(client: str, exc: RunsError) -> RunsError:
     """A request that failed authentication counts against its client address, and past
     the limit is answered 429: a flood of made-up keys stops there. Only failures count,
     because every sandbox of a host reaches us from that host's one address (its
@@ -56,7 +56,7 @@ def _refused(request: HttpRequest, exc: RunsError) -> RunsError:
     whose keys check."""
     retry = ratelimit.hit(
         "runner-addr-failed",
-        ratelimit.client_address(request),
+        client or "unknown",
         limit=settings.RUNS_API_RATE_PER_ADDRESS,
         window_s=settings.RUNS_API_RATE_WINDOW_S,
     )
@@ -64,20 +64,28 @@ def _refused(request: HttpRequest, exc: RunsError) -> RunsError:
 
 
 def authenticate(request: HttpRequest, run_id: str, credential: str) -> Run:
-    _rate_limit_key(request)
-    token = _bearer(request)
+    return authenticate_bearer(
+        request.headers.get("Authorization", ""), ratelimit.client_address(request), run_id, credential
+    )
+
+
+def authenticate_bearer(authorization: str, client: str, run_id: str, credential: str) -> Run:
+    """The run whose ``credential`` the ``Authorization`` header carries, for a request
+    from ``client`` (its peer address, which failures are counted against)."""
+    _rate_limit_key(authorization)
+    token = _bearer(authorization)
     try:
         pk = uuid.UUID(run_id)
     except ValueError:
-        raise _refused(request, RunNotFound()) from None
+        raise _refused(client, RunNotFound()) from None
     run = Run.objects.filter(pk=pk).first()
     if run is None:
-        raise _refused(request, RunNotFound())
+        raise _refused(client, RunNotFound())
     stored = run.launch_key_hash if credential == credentials.LAUNCH else run.session_token_hash
     # Authenticate before answering anything about the run: whoever knows a run id but
     # not its key must not learn its status from a 409.
     if not credentials.matches(token, stored):
-        raise _refused(request, Unauthorized())
+        raise _refused(client, Unauthorized())
     # Its own runner is told the run ended (a revoked key still proves who is asking),
     # so it stops instead of retrying.
     if run.is_terminal:
