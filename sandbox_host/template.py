@@ -116,6 +116,12 @@ def prctl(option: int, arg: int = 0, what: str = "prctl") -> None:
     check(libc.prctl(option, arg, 0, 0, 0), what)
 
 
+def set_name(name: bytes) -> None:
+    """/proc/self/comm (at most 15 bytes); the buffer lives across the call."""
+    buffer = ctypes.create_string_buffer(name[:15])
+    prctl(PR_SET_NAME, ctypes.addressof(buffer))
+
+
 def mount(source, target, fstype, flags: int, data=None) -> None:
     enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
     check(libc.mount(enc[0], enc[1], enc[2], flags, enc[3]), f"mount {target}")
@@ -209,7 +215,7 @@ def spawn(request: dict, fds: list[int], config: dict, waiter, sock: socket.sock
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != template:
             os._exit(SETUP_FAILED_EXIT)
-        prctl(PR_SET_NAME, ctypes.addressof(ctypes.create_string_buffer(b"holdfast-init")))
+        set_name(b"holdfast-init")
         os.setsid()  # own session and process group: the host's killpg reaches all of it
         for procs in request["cgroups"]:
             with open(procs, "w") as fh:
@@ -286,14 +292,14 @@ def sandbox(request: dict, config: dict, waiter, code_fd: int, status_fd: int, a
     import site
 
     site.main()
-    prctl(PR_SET_NAME, ctypes.addressof(ctypes.create_string_buffer(WAITING_NAME)))
-    comm = config["comm"].encode()[:15]
+    set_name(WAITING_NAME)
+    comm = config["comm"].encode()
     for name in [name for name in sys.modules if name == "__main__" or name.startswith("holdfast")]:
         del sys.modules[name]
 
     def arrived() -> None:
         # Back to the name a fresh interpreter would have, now that it runs the code.
-        libc.prctl(PR_SET_NAME, ctypes.addressof(ctypes.create_string_buffer(comm)), 0, 0, 0)
+        set_name(comm)
 
     waiter.serve(code_fd, status_fd, arrived)
     os._exit(0)
