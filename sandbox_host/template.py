@@ -261,7 +261,7 @@ def sandbox(request: dict, config: dict, waiter, code_fd: int, status_fd: int, a
             os._exit(SETUP_FAILED_EXIT)  # the middle died before we could follow it
         build_root(request, config)
         check(libc.sethostname(b"holdfast", 8), "sethostname")
-        keep = {0, 1, 2, code_fd, status_fd}
+        keep = {0, 1, 2, code_fd, status_fd, alive_fd}
         for fd in map(int, os.listdir("/proc/self/fd")):
             if fd not in keep:
                 try:
@@ -284,6 +284,12 @@ def sandbox(request: dict, config: dict, waiter, code_fd: int, status_fd: int, a
         for name, value in request["rlimits"].items():
             resource.setrlimit(names[name], (value, value))
         drop_privileges(request["uid"], config)
+        # The uid change cleared the parent-death signal (the kernel does so on any
+        # credential change): take it again, and check the middle did not die meanwhile.
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if select.select([alive_fd], [], [], 0)[0]:
+            os._exit(SETUP_FAILED_EXIT)
+        os.close(alive_fd)
     except BaseException as exc:
         fail(exc)
     reseed()

@@ -251,6 +251,7 @@ class Template:
             for fd in got:
                 os.close(fd)
             raise TemplateUnavailable(f"the warm template refused: {reply.get('error', reply)}")
+        os.set_inheritable(got[0], False)  # SCM_RIGHTS gives it without close-on-exec
         return int(reply["pid"]), got[0]
 
     def _restart(self, sock: socket.socket) -> None:

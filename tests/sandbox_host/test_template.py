@@ -211,3 +211,20 @@ def test_a_child_holds_no_descriptor_of_the_template(host):
     extra = {fd: kind for fd, kind in found.items() if fd not in ("0", "1", "2")}
     assert set(extra.values()) <= {"pipe"} and len(extra) <= 1, found  # the status pipe at most
     assert not any(kind.startswith("socket") for kind in found.values()), found
+
+
+def test_the_running_code_dies_with_its_parent(host):
+    # A credential change clears the parent-death signal: the child must take it again
+    # after it dropped to the slot's uid, or it would outlive a SIGKILLed host.
+    code = """
+    import ctypes, signal
+    sig = ctypes.c_int(-1)
+    ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    print(signal.Signals(sig.value).name if sig.value > 0 else sig.value)
+    """
+    ws = connect(host.url, TOKEN)
+    try:
+        result = execute(ws, textwrap.dedent(code))
+    finally:
+        ws.close()
+    assert result.status == "succeeded" and result.stdout == "SIGKILL\n", result
