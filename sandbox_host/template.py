@@ -158,11 +158,24 @@ def main(argv: list[str]) -> None:
     # Children share our heap copy-on-write: a collection in each would touch (copy) it.
     gc.collect()
     gc.freeze()
+    # A middle that exited is reaped at once: until then it is a zombie that holds the
+    # execution's control groups, which the host is waiting to remove.
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    config["wake"] = (wake_r, wake_w)
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
         reap()
-        ready, _, _ = select.select([sock], [], [], 1.0)
-        if not ready:
+        ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
+        if wake_r in ready:
+            while True:
+                try:
+                    if not os.read(wake_r, 4096):
+                        break
+                except BlockingIOError:
+                    break
+        if sock not in ready:
             continue
         try:
             message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
@@ -208,6 +221,10 @@ def spawn(request: dict, fds: list[int], config: dict, waiter, sock: socket.sock
     # The middle process. Nothing here may return into the template's loop.
     try:
         sock.close()  # the template's socket must never reach a sandbox
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in config["wake"]:
+            os.close(fd)
         null = os.open("/dev/null", os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
