@@ -208,7 +208,7 @@ def start_worker(
 def busy_descendants(pid: int) -> list[int]:
     """``descendants`` less the sandboxes a host keeps prepared, waiting for code: a
     bubblewrap sandbox's waiter, and with the warm template (its process, idle between
-    forks, is not busy either) a child named ``holdfast-wait`` and its waiting parent."""
+    forks, is not busy either) a child named ``holdfast-wait``."""
     found = descendants(pid)
 
     def read(child: int) -> tuple[list[bytes], str, int]:
@@ -225,15 +225,11 @@ def busy_descendants(pid: int) -> list[int]:
             info[child] = read(child)
     waiting = {child for child, (_, comm, _) in info.items() if comm == "holdfast-wait"}
     busy = []
-    for child, (argv, comm, ppid) in info.items():
+    for child, (argv, _, ppid) in info.items():
         if b"/holdfast/waiter.py" in argv or child in waiting:
             continue
-        if b"holdfast-template" in argv:
-            if ppid == pid:
-                continue  # the template itself
-            below = [other for other, (_, _, parent) in info.items() if parent == child]
-            if comm == "holdfast-init" and below and all(other in waiting for other in below):
-                continue  # the parent of a waiting template child
+        if b"holdfast-template" in argv and ppid == pid:
+            continue  # the template itself
         busy.append(child)
     return busy
 

@@ -16,20 +16,23 @@ Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors by SCM_RIGHTS
     template -> host   {"ready": pid}
     host -> template   request {uid, cgroups, rlimits, nice, snippet} + fds
                        [code (read), status (write), stdout, stderr, exit (write)]
-    template -> host   {"pid": middle pid} + [pidfd of it]   or   {"error": "..."}
+    template -> host   {"pid": child pid} + [pidfd of it]   or   {"error": "..."}
 
-Each request forks a *middle* process: setsid, the execution's control groups, new
-mount/PID/network/IPC/UTS/cgroup namespaces, then one more fork so the *sandbox* is
-pid 1 of its PID namespace. The middle stays its parent (as bubblewrap does): it waits
-for it and writes its raw wait status down the exit pipe, which is how the host, that is
-not its parent, learns the end. Both die with their parent (PR_SET_PDEATHSIG).
+Each request forks one child as pid 1 of a new PID namespace (the template unshares
+the PID namespace for its next child only, then goes back to its own). The template
+stays its parent, as bubblewrap's outer process stays its sandbox's: it reaps it and
+writes its raw wait status down the exit pipe, which is how the host, that is not its
+parent, learns the end. The child dies with the template (PR_SET_PDEATHSIG), and the
+template with the host.
 
-The sandbox builds the private root that ``sandbox.py`` describes, pivots into it,
-takes the execution's environment, rlimits and slot uid, drops every capability, sets
-no_new_privs, loads the seccomp filter, reseeds the random generators, forgets this
-module, and only then becomes the waiter (``waiter.py``): it reads one header and the
-code from the code pipe and runs it. Any setup failure exits 126 with one line on the
-execution's stderr, before anything of the user's ran.
+The child takes its own session, joins the execution's control groups, enters new
+mount, network, IPC, UTS and cgroup namespaces, builds the private root that
+``sandbox.py`` describes, pivots into it, takes the execution's environment, rlimits
+and slot uid, drops every capability, sets no_new_privs, loads the seccomp filter,
+reseeds the random generators, forgets this module, and only then becomes the waiter
+(``waiter.py``): it reads one header and the code from the code pipe and runs it. Any
+setup failure exits 126 with one line on the execution's stderr, before anything of
+the user's ran.
 
 Standard library only; single-threaded (it forks).
 """
@@ -158,12 +161,13 @@ def main(argv: list[str]) -> None:
     # Children share our heap copy-on-write: a collection in each would touch (copy) it.
     gc.collect()
     gc.freeze()
-    # A middle that exited is reaped at once: until then it is a zombie that holds the
-    # execution's control groups, which the host is waiting to remove.
+    # A child that exited is reaped (and reported) at once: until then it is a zombie
+    # that holds the execution's control groups, and the host waits for its status.
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     config["wake"] = (wake_r, wake_w)
+    config["pid_ns"] = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
         reap()
@@ -199,26 +203,74 @@ def main(argv: list[str]) -> None:
                 os.close(fd)
 
 
+# Our live children: pid -> (its exit pipe's write end, its alive pipe's write end).
+CHILDREN: dict[int, tuple[int, int]] = {}
+
+
 def reap() -> None:
-    """Middle processes report to the host through their exit pipes; we only reap them.
-    Explicitly (not SIGCHLD ignored), so a middle's pid stays ours until we sent its
-    pidfd."""
+    """Report each child that ended: its raw wait status down its exit pipe (the host
+    is not its parent, so this is how it learns the end). Explicitly (not SIGCHLD
+    ignored), so a child's pid stays ours until we sent its pidfd."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        exit_fd, alive_fd = CHILDREN.pop(pid, (-1, -1))
+        if exit_fd >= 0:
+            try:
+                os.write(exit_fd, b"%d\n" % status)
+            except OSError:
+                pass  # the host let it go already
+            os.close(exit_fd)
+            os.close(alive_fd)
 
 
 def spawn(request: dict, fds: list[int], config: dict, waiter, sock: socket.socket) -> dict:
-    code_fd, status_fd, out_fd, err_fd, exit_fd = fds
-    template = os.getpid()
-    pid = os.fork()
-    if pid:
-        return {"pid": pid}
-    # The middle process. Nothing here may return into the template's loop.
+    """Fork the sandbox as pid 1 of a new PID namespace, directly: we are its parent,
+    reap it and write its wait status down its exit pipe (``reap``), as bubblewrap's
+    outer process does for its sandbox. One fork per execution, not two."""
+    exit_fd = fds[4]
+    alive_r, alive_w = os.pipe()  # the sandbox sees EOF here once we are gone
+    # Our next child starts a PID namespace of its own; we stay where we are.
+    check(libc.unshare(CLONE_NEWPID), "unshare a PID namespace")
+    try:
+        pid = os.fork()
+    except BaseException:
+        pid_ns_reset(config)
+        os.close(alive_r)
+        os.close(alive_w)
+        raise
+    if pid == 0:
+        os.close(alive_w)
+        sandbox(request, config, waiter, sock, fds, alive_r)
+    pid_ns_reset(config)
+    os.close(alive_r)
+    CHILDREN[pid] = (os.dup(exit_fd), alive_w)
+    return {"pid": pid}
+
+
+def pid_ns_reset(config: dict) -> None:
+    """Back to our own PID namespace for our next children (an unshare of a PID
+    namespace applies to the children only, and only once until reset). A template
+    that cannot is of no use: it exits, and the host starts a new one."""
+    if libc.setns(config["pid_ns"], CLONE_NEWPID) != 0:
+        os._exit(1)
+
+
+def fail(exc: BaseException) -> None:
+    try:
+        os.write(2, f"holdfast: sandbox setup failed: {exc.__class__.__name__}: {exc}\n".encode())
+    finally:
+        os._exit(SETUP_FAILED_EXIT)
+
+
+def sandbox(request: dict, config: dict, waiter, sock: socket.socket, fds: list[int], alive_fd: int) -> None:
+    """Pid 1 of the new PID namespace: contain, drop, then wait for the code. Nothing
+    here may return into the template's loop."""
+    code_fd, status_fd, out_fd, err_fd, _ = fds
     try:
         sock.close()  # the template's socket must never reach a sandbox
         signal.set_wakeup_fd(-1)
@@ -230,52 +282,16 @@ def spawn(request: dict, fds: list[int], config: dict, waiter, sock: socket.sock
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != template:
-            os._exit(SETUP_FAILED_EXIT)
-        set_name(b"holdfast-init")
+        if select.select([alive_fd], [], [], 0)[0]:
+            os._exit(SETUP_FAILED_EXIT)  # the template died before we could follow it
         os.setsid()  # own session and process group: the host's killpg reaches all of it
         for procs in request["cgroups"]:
             with open(procs, "w") as fh:
-                fh.write(str(os.getpid()))
+                fh.write("0")  # ourselves (our pid here is 1, not the host's view of it)
         if request.get("nice"):
             os.nice(request["nice"])
-        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
-        check(libc.unshare(flags), "unshare")
-        alive_r, alive_w = os.pipe()  # the sandbox sees EOF here once we are gone
-        child = os.fork()
-        if child == 0:
-            os.close(alive_w)
-            sandbox(request, config, waiter, code_fd, status_fd, alive_r)
-        for fd in (code_fd, status_fd, out_fd, err_fd, alive_r):
-            os.close(fd)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        while True:
-            try:
-                _, status = os.waitpid(child, 0)
-                break
-            except ChildProcessError:
-                status = SETUP_FAILED_EXIT << 8
-                break
-        os.write(exit_fd, b"%d\n" % status)
-        os._exit(0)
-    except BaseException as exc:
-        fail(exc)
-
-
-def fail(exc: BaseException) -> None:
-    try:
-        os.write(2, f"holdfast: sandbox setup failed: {exc.__class__.__name__}: {exc}\n".encode())
-    finally:
-        os._exit(SETUP_FAILED_EXIT)
-
-
-def sandbox(request: dict, config: dict, waiter, code_fd: int, status_fd: int, alive_fd: int) -> None:
-    """Pid 1 of the new PID namespace: contain, drop, then wait for the code."""
-    try:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if select.select([alive_fd], [], [], 0)[0]:
-            os._exit(SETUP_FAILED_EXIT)  # the middle died before we could follow it
+        # The cgroup namespace after joining, so its root is the execution's own group.
+        check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP), "unshare")
         build_root(request, config)
         check(libc.sethostname(b"holdfast", 8), "sethostname")
         keep = {0, 1, 2, code_fd, status_fd, alive_fd}
@@ -302,7 +318,7 @@ def sandbox(request: dict, config: dict, waiter, code_fd: int, status_fd: int, a
             resource.setrlimit(names[name], (value, value))
         drop_privileges(request["uid"], config)
         # The uid change cleared the parent-death signal (the kernel does so on any
-        # credential change): take it again, and check the middle did not die meanwhile.
+        # credential change): take it again, and check the template did not die meanwhile.
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if select.select([alive_fd], [], [], 0)[0]:
             os._exit(SETUP_FAILED_EXIT)

@@ -4,8 +4,9 @@ dies, and asks it for one contained child per execution.
 A child of the template is not a child of the host, so the host cannot ``waitpid`` it.
 ``TemplateProcess`` stands in for ``subprocess.Popen`` where ``Child`` uses it (``pid``
 for the group kill, ``poll``, ``wait``, ``returncode``, ``stdout``, ``stderr``), backed by
-the *exit pipe*: the child's middle process writes its sandbox's wait status there, and
-a pipe that ends with nothing written means the middle was killed.
+the *exit pipe*: the template, its parent, writes the child's wait status there once it
+reaped it, and a pipe that ends with nothing written means the template died (and the
+child with it, by its parent-death signal).
 
 The template is started and supervised by one thread that lives as long as the host:
 its parent-death signal fires when the *thread* that forked it ends, not only the
@@ -63,8 +64,8 @@ class TemplateProcess:
             if not select.select([self._exit_fd], [], [], timeout)[0]:
                 return False
             data = os.read(self._exit_fd, 64)
-            # Nothing written: the middle was killed before its sandbox ended (and the
-            # sandbox with it, by its parent-death signal).
+            # Nothing written: the template died before it could report (and the child
+            # with it, by its parent-death signal).
             status = int(data) if data.strip().isdigit() else signal.SIGKILL
             self.returncode = os.waitstatus_to_exitcode(status)
             self._close_fds()
@@ -94,9 +95,9 @@ class TemplateProcess:
         return self.returncode
 
     def kill(self) -> None:
-        """SIGKILL the middle (by pidfd: exactly it, never a reused pid) and its process
-        group. The sandbox is its namespace's init: once it dies, so does everything in
-        the namespace."""
+        """SIGKILL the child (by pidfd: exactly it, never a reused pid) and its process
+        group. It is its PID namespace's init: once it dies, so does everything in the
+        namespace."""
         with self._lock:
             if self.returncode is not None or self._pidfd < 0:
                 return  # ended: its pid and group may belong to someone else by now
@@ -228,7 +229,7 @@ class Template:
                 )
 
     def spawn(self, request: dict[str, object], fds: list[int]) -> tuple[int, int]:
-        """Fork one contained child: its middle's pid and a pidfd of it. Raises
+        """Fork one contained child: its pid and a pidfd of it. Raises
         ``TemplateUnavailable`` if the template is gone or refuses (nothing started)."""
         with self._cond:
             # A template being restarted is back within milliseconds: wait for it briefly

@@ -5,6 +5,7 @@ execution and runs none twice. The containment of its children is the escape sui
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import textwrap
@@ -25,17 +26,17 @@ pytestmark = pytest.mark.peer
 
 def template_pids(host) -> list[int]:
     """The host's template process(es): the interpreter started as ``holdfast-template``
-    (its children carry the same command line, but other names)."""
+    by the host itself (its children carry the same command line)."""
     found = []
     for pid in descendants(host.pid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 argv = fh.read().split(b"\0")
-            with open(f"/proc/{pid}/comm") as fh:
-                comm = fh.read().strip()
-        except OSError:
+            with open(f"/proc/{pid}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
             continue
-        if b"holdfast-template" in argv and comm not in ("holdfast-init", "holdfast-wait") and pid > 1:
+        if b"holdfast-template" in argv and ppid == host.pid and pid > 1:
             found.append(pid)
     return found
 
@@ -57,11 +58,16 @@ def test_the_template_holds_nothing_of_the_hosts_environment():
             environ = fh.read()
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmdline = fh.read()
-        fds = os.listdir(f"/proc/{pid}/fd")
+        fds = {}
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                fds[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
     assert TOKEN.encode() not in environ and TOKEN.encode() not in cmdline
     assert environ == b"", environ
-    # stdin, stdout, stderr and its socket to the host; nothing else of the host's.
-    assert len(fds) <= 4, fds
+    # Beyond stdio: its one socket to the host, its own pipes (a wake-up pipe, each
+    # child's exit and alive pipes) and its own PID namespace; nothing of the host's.
+    kinds = [link.split(":")[0] for fd, link in fds.items() if fd not in ("0", "1", "2")]
+    assert kinds.count("socket") == 1 and set(kinds) <= {"socket", "pipe", "pid"}, fds
 
 
 SIBLING = textwrap.dedent(
@@ -133,8 +139,8 @@ def test_a_template_killed_under_load_loses_nothing_and_runs_nothing_twice(share
             doomed = set(descendants(old))
             assert doomed, "the template has children"
             os.kill(old, signal.SIGKILL)
-            # Nothing of it outlives it: its middles and sandboxes die with it (parent-
-            # death signals), the running ones well before their 30 s sleep is over.
+            # Nothing of it outlives it: its children die with it (parent-death
+            # signals), the running ones well before their 30 s sleep is over.
             wait_until(
                 lambda: not [pid for pid in doomed if os.path.exists(f"/proc/{pid}")],
                 timeout=10,
