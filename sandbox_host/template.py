@@ -125,7 +125,7 @@ def set_name(name: bytes) -> None:
     prctl(PR_SET_NAME, ctypes.addressof(buffer))
 
 
-def mount(source, target, fstype, flags: int, data=None) -> None:
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
     check(libc.mount(enc[0], enc[1], enc[2], flags, enc[3]), f"mount {target}")
 
@@ -228,7 +228,7 @@ def reap() -> None:
             os.close(alive_fd)
 
 
-def spawn(request: dict, fds: list[int], config: dict, waiter, sock: socket.socket) -> dict:
+def spawn(request: dict, fds: list[int], config: dict, waiter: types.ModuleType, sock: socket.socket) -> dict:
     """Fork the sandbox as pid 1 of a new PID namespace, directly: we are its parent,
     reap it and write its wait status down its exit pipe (``reap``), as bubblewrap's
     outer process does for its sandbox. One fork per execution, not two."""
@@ -267,7 +267,9 @@ def fail(exc: BaseException) -> None:
         os._exit(SETUP_FAILED_EXIT)
 
 
-def sandbox(request: dict, config: dict, waiter, sock: socket.socket, fds: list[int], alive_fd: int) -> None:
+def sandbox(
+    request: dict, config: dict, waiter: types.ModuleType, sock: socket.socket, fds: list[int], alive_fd: int
+) -> None:
     """Pid 1 of the new PID namespace: contain, drop, then wait for the code. Nothing
     here may return into the template's loop."""
     code_fd, status_fd, out_fd, err_fd, _ = fds

@@ -57,7 +57,7 @@ def main(argv: list[str]) -> None:
     serve(int(argv[1]), int(argv[2]) if len(argv) > 2 else -1)
 
 
-def serve(code_fd: int, status_fd: int, arrived=None) -> None:
+def serve(code_fd: int, status_fd: int, arrived: types.FunctionType | None = None) -> None:
     """Wait for the code on ``code_fd``, then run it (the warm template's children call
     this too, with ``arrived`` run once the code is in)."""
     global _status_fd
