@@ -246,6 +246,9 @@ class Child:
         except OSError as exc:
             for fd in ours:
                 os.close(fd)
+            feed, self._feed = self._feed, None
+            if feed is not None:
+                os.close(feed)  # a child forked after all reads EOF and exits unused
             self._close_status()
             self.cleanup()
             raise ChildError(f"could not start the child: {exc.__class__.__name__}: {exc}") from None
