@@ -13,8 +13,10 @@ none). Rows, each against its baseline:
   same database work without a sandbox;
 * resident memory of an idle host, and its peak with 8 executions in flight;
 * host side (issue 12), on a host's own WebSocket, frame in to result frame out: a
-  trivial execution in a prepared sandbox (the reserve) and in a fresh one
-  (``--reserve 0``), against a bare spawn of the interpreter the sandboxes run (P1);
+  trivial execution in a prepared sandbox (the reserve) and in one started on arrival
+  (``--reserve 0``), each from the warm template (the default) and from bubblewrap and
+  a fresh interpreter (``--template off``), against a bare spawn of the interpreter
+  the sandboxes run (P1);
   8 in flight sustained for ``--seconds`` against a bare spawn loop of the same
   concurrency (P3); each in-flight execution's unique memory (PSS).
 """
@@ -251,7 +253,15 @@ def host_side(token: str, n: int, seconds: float, pause_s: float) -> dict:
         ("bare spawn loop, 8 at once (baseline)", "", "", f"{bare_rate:.1f}/s"),
     ]
     notes = []
-    for label, args in (("prepared sandbox (reserve)", ()), ("fresh sandbox (--reserve 0)", ("--reserve", "0"))):
+    hosts = (
+        # The default: the warm template's children, prepared ahead and forked on arrival.
+        ("prepared sandbox (reserve), warm template", ()),
+        ("forked on arrival (--reserve 0), warm template", ("--reserve", "0")),
+        # The fresh-interpreter path (--template off): bubblewrap, setpriv, an interpreter.
+        ("prepared sandbox (reserve), bwrap", ("--template", "off")),
+        ("fresh sandbox (--reserve 0), bwrap", ("--template", "off", "--reserve", "0")),
+    )
+    for label, args in hosts:
         found = measure_host(token, label, args, n, seconds, pause_s)
         p50, p95 = ms(found["samples"])
         rate = found["rate"]

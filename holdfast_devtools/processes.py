@@ -206,15 +206,30 @@ def start_worker(
 
 
 def busy_descendants(pid: int) -> list[int]:
-    """``descendants`` less the sandboxes a host keeps prepared, waiting for code."""
+    """``descendants`` less the sandboxes a host keeps prepared, waiting for code: a
+    bubblewrap sandbox's waiter, and with the warm template (its process, idle between
+    forks, is not busy either) a child named ``holdfast-wait``."""
+    found = descendants(pid)
+
+    def read(child: int) -> tuple[list[bytes], str, int]:
+        with open(f"/proc/{child}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+        with open(f"/proc/{child}/stat") as fh:
+            stat = fh.read()
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        return argv, comm, int(stat.rsplit(")", 1)[1].split()[1])
+
+    info = {}
+    for child in found:
+        with contextlib.suppress(OSError, ValueError):
+            info[child] = read(child)
+    waiting = {child for child, (_, comm, _) in info.items() if comm == "holdfast-wait"}
     busy = []
-    for child in descendants(pid):
-        try:
-            with open(f"/proc/{child}/cmdline", "rb") as fh:
-                if b"/holdfast/waiter.py" in fh.read().split(b"\0"):
-                    continue
-        except OSError:
+    for child, (argv, _, ppid) in info.items():
+        if b"/holdfast/waiter.py" in argv or child in waiting:
             continue
+        if b"holdfast-template" in argv and ppid == pid:
+            continue  # the template itself
         busy.append(child)
     return busy
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import os
 import secrets
 import signal
@@ -18,9 +19,10 @@ import ssl
 import sys
 
 from . import defaults, uids
-from .isolation import WARNINGS, probe, sweep_leftovers
+from .isolation import WARNINGS, Isolation, probe, sweep_leftovers, works
 from .log import configure, log
 from .server import Host, Settings
+from .template_host import Template, TemplateUnavailable
 
 TOKEN_ENV = "HOLDFAST_SANDBOX_TOKEN"  # noqa: S105 - the variable name, not a token
 PR_SET_DUMPABLE = 4
@@ -47,6 +49,29 @@ def _make_non_dumpable() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def _with_template(isolation: Isolation, choice: str) -> Isolation:
+    """``isolation`` with its warm template started and proven (``works``), or as it is
+    for ``--template off`` (and ``auto`` where a template cannot serve: it forks root's
+    children into the slot uids, so it needs a root host with the full sandbox)."""
+    possible = isolation.sandboxed and isolation.uid_base is not None
+    if choice == "off" or (choice == "auto" and not possible):
+        log("template_selected", template="off")
+        return isolation
+    if not possible:
+        raise RuntimeError("--template on needs a root host with the full sandbox (--isolation bwrap)")
+    template = Template(isolation)
+    try:
+        template.start()
+    except TemplateUnavailable as exc:
+        raise RuntimeError(f"{exc} (--template off starts each sandbox fresh instead)") from None
+    isolation = dataclasses.replace(isolation, template=template)
+    ok, why = works(isolation)
+    if not ok:
+        raise RuntimeError(f"the warm template's children are not contained as promised: {why}")
+    log("template_selected", template="on", pid=template.pid)
+    return isolation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +143,14 @@ def main(argv: list[str] | None = None) -> int:
         "it); any user code can then read and write it",
     )
     parser.add_argument(
+        "--template",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="where sandboxes come from: on, a warm template process that forks each one (fast); off, a fresh "
+        "bubblewrap sandbox and interpreter each (the fresh-interpreter path); auto: on for a root host with the "
+        "full sandbox",
+    )
+    parser.add_argument(
         "--scratch-mb",
         type=int,
         default=defaults.DEFAULT_SCRATCH_BYTES // (1024 * 1024),
@@ -171,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     except RuntimeError as exc:
         # Fail closed: one line naming what is missing; never a weaker sandbox by itself.
+        print(f"holdfast-host: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    try:
+        isolation = _with_template(isolation, args.template)
+    except RuntimeError as exc:
         print(f"holdfast-host: refusing to start: {exc}", file=sys.stderr)
         return 2
     if isolation.name in WARNINGS:

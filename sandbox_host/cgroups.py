@@ -122,6 +122,7 @@ class Cgroups:
             path = self.paths(name)["unified"]
             with contextlib.suppress(OSError):
                 _write(path, "cgroup.kill", "1")  # atomic, kernel 5.14+
+        delay = 0.0005  # a process that is already exiting is gone within a millisecond
         for _ in range(50):
             pids = self.members(name)
             if not pids:
@@ -129,7 +130,8 @@ class Cgroups:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
 
     def remove(self, name: str) -> None:
         """Kill what is left in the groups and remove them. Never raises."""
@@ -137,14 +139,22 @@ class Cgroups:
             return
         self.kill(name)
         for path in self.paths(name).values():
-            for _ in range(100):
+            # Dying processes still hold it for a moment (a template child's parent is
+            # still tearing its namespaces down after it reported): retried from 1 ms,
+            # doubling, about a second in all.
+            delay = 0.001
+            deadline = time.monotonic() + 1.0
+            while True:
                 try:
                     os.rmdir(path)
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
-                    time.sleep(0.01)  # dying processes still hold it for a moment
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.01)
 
 
 def _write(path: str, name: str, value: str, *, optional: bool = False, ignore_invalid: bool = False) -> None:

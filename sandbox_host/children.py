@@ -30,9 +30,11 @@ from typing import TYPE_CHECKING
 from holdfast_wire.protocol import MAX_OUTPUT_BYTES, truncate_output
 
 from . import defaults, sandbox, seccomp_policy
+from .template_host import TemplateProcess
 
 if TYPE_CHECKING:
     from .isolation import Isolation
+    from .template_host import Template
 
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_wrapper.py")
 WAITER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "waiter.py")
@@ -108,7 +110,7 @@ class Child:
         self.uid = uid
         self.slot = slot
         self.cgroup = f"exec-{uid}" if uid is not None and isolation.cgroups.enabled else ""
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | TemplateProcess | None = None
         self._feed: int | None = None  # a prepared child's code pipe, our end
         self._snippet = ""  # a prepared child's /holdfast/main.py, on the host
         self._status: int | None = None  # a prepared child's exit-status pipe, our end
@@ -121,6 +123,9 @@ class Child:
 
     def start(self) -> None:
         """Start the sandbox. Raises ``ChildError`` if it cannot (nothing ran)."""
+        if self.isolation.template is not None:
+            self._start_from_template(self.isolation.template)
+            return
         fds: list[int] = []
         try:
             if self.code is None:  # prepared: the code comes later, down a pipe
@@ -130,13 +135,7 @@ class Child:
                 self._status, status_fd = os.pipe()
                 fds.append(status_fd)
                 inner = [self.isolation.python, "-I", WAITER_INSIDE, str(code_fd), str(status_fd)]
-                # /holdfast/main.py exists as in a fresh sandbox (a snippet may run itself
-                # again, as multiprocessing's spawn does): an empty file now, its code later.
-                owner = self.uid if self.uid is not None else self.slot
-                self._snippet = os.path.join(snippet_dir(), f"exec-{owner}.py")
-                with open(os.open(self._snippet, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w"):
-                    pass
-                os.chmod(self._snippet, 0o644)
+                self._snippet = self._new_snippet()
                 ro_binds: tuple[tuple[str, str], ...] = (
                     (WAITER_PATH, WAITER_INSIDE),
                     (self._snippet, sandbox.SNIPPET_PATH),
@@ -198,6 +197,72 @@ class Child:
             for fd in fds:  # the child has its own copies now
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+    def _new_snippet(self) -> str:
+        """/holdfast/main.py exists as in a fresh sandbox (a snippet may run itself again,
+        as multiprocessing's spawn does): an empty file now, its code at ``deliver``."""
+        owner = self.uid if self.uid is not None else self.slot
+        path = os.path.join(snippet_dir(), f"exec-{owner}.py")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w"):
+            pass
+        os.chmod(path, 0o644)
+        return path
+
+    def _start_from_template(self, template: Template) -> None:
+        """A child forked by the warm template: always started as a prepared one (its
+        code comes down a pipe), and given its code at once if it has it already."""
+        code, self.code = self.code, None
+        theirs: list[int] = []
+        ours: list[int] = []
+        try:
+            code_fd, self._feed = os.pipe()
+            theirs.append(code_fd)
+            self._status, status_fd = os.pipe()
+            theirs.append(status_fd)
+            for _ in range(3):  # stdout, stderr, exit
+                read, write = os.pipe()
+                ours.append(read)
+                theirs.append(write)
+            self._snippet = self._new_snippet()
+            joins = []
+            if self.cgroup:
+                joins = self.isolation.cgroups.create(
+                    self.cgroup,
+                    memory_bytes=self.limits.memory_mb * 1024 * 1024,
+                    max_processes=self.limits.max_processes,
+                    cpus=defaults.DEFAULT_EXECUTION_CPUS,
+                )
+            request = {
+                "uid": self.uid,
+                "cgroups": joins,
+                "rlimits": self._rlimits(),
+                # Prepared ahead: at low priority until its execution arrives (as below).
+                "nice": defaults.DEFAULT_RESERVE_NICE if code is None and self.cgroup else 0,
+                "snippet": self._snippet,
+            }
+            pid, pidfd = template.spawn(request, theirs)
+            self.proc = TemplateProcess(pid, pidfd, ours[2], ours[0], ours[1])
+            ours = []
+        except OSError as exc:
+            for fd in ours:
+                os.close(fd)
+            feed, self._feed = self._feed, None
+            if feed is not None:
+                os.close(feed)  # a child forked after all reads EOF and exits unused
+            self._close_status()
+            self.cleanup()
+            raise ChildError(f"could not start the child: {exc.__class__.__name__}: {exc}") from None
+        finally:
+            for fd in theirs:  # the template's children have their own copies now
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if code is not None:
+            try:
+                self.deliver(code, self.limits)
+            except ChildError:
+                self.kill()
+                self.cleanup()
+                raise
 
     def deliver(self, code: str, limits: Limits) -> None:
         """Hand a prepared child its one execution. Raises ``ChildError`` if it is gone
@@ -325,10 +390,13 @@ class Child:
         namespace's init, and the kernel then kills every process left inside it."""
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if isinstance(self.proc, TemplateProcess):
+            self.proc.kill()
+        else:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if self.cgroup:
             self.isolation.cgroups.kill(self.cgroup)
         if not self.isolation.sandboxed and self.uid is not None:
@@ -356,6 +424,8 @@ class Child:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(timeout=defaults.DEFAULT_PIPE_DRAIN_S)
         self._close_status()
+        if isinstance(self.proc, TemplateProcess):
+            self.proc.close()
         cgroup, self.cgroup = self.cgroup, ""
         if cgroup:
             self.isolation.cgroups.remove(cgroup)

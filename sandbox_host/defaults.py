@@ -53,6 +53,19 @@ DEFAULT_RESERVE_MAX_TIMEOUT_MS = 300_000
 # Niceness of a sandbox while it is being prepared and waits (root hosts; restored to 0
 # when its execution arrives): starting the next one never slows the one running now.
 DEFAULT_RESERVE_NICE = 10
+# The warm template (template.py, --template): how long its start (an interpreter and
+# the warm imports, ~0.1 s here) may take before the host gives up on it; a busy 2-core
+# machine is ten times slower than an idle one.
+DEFAULT_TEMPLATE_START_TIMEOUT_S = 15.0
+# One fork request's answer: a fork of the template takes about a millisecond, so a
+# template silent this long is stuck and is restarted.
+DEFAULT_TEMPLATE_REPLY_TIMEOUT_S = 5.0
+# How long a request waits for a template that is being restarted (it is back in about
+# its start time) before the execution is answered not_started and moves elsewhere.
+DEFAULT_TEMPLATE_WAIT_S = 2.0
+# Restart pause of a template that keeps dying young, doubling up to the max.
+DEFAULT_TEMPLATE_RETRY_S = 0.1
+DEFAULT_TEMPLATE_RETRY_MAX_S = 5.0
 # How often the refill looks for prepared sandboxes that died while waiting.
 DEFAULT_RESERVE_CHECK_S = 1.0
 # The refill's pause after a sandbox would not start (no free slot, a failing spawn),

@@ -34,12 +34,16 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from holdfast_wire import protocol
 
 from . import cgroups as cgroups_mod
 from . import defaults, sandbox, seccomp_policy, uids
 from .children import Child, ChildError, Limits, snippet_dir
+
+if TYPE_CHECKING:
+    from .template_host import Template
 
 RLIMITS, SHARED_UID, SHARED_DIR, FULL = protocol.ISOLATION_LEVELS  # weakest first
 LEVELS = protocol.ISOLATION_LEVELS
@@ -65,6 +69,10 @@ class Isolation:
     python: str = sys.executable
     # --insecure-shared-dir: one host directory every sandbox may write (test harnesses).
     shared_dir: str = ""
+    # The warm template children come from (--template on), or None: each sandbox is
+    # then a fresh bubblewrap sandbox and interpreter. Not part of the level: both build
+    # the same containment, and the start-up probe proves the one in use.
+    template: Template | None = field(default=None, compare=False)
 
     @property
     def sandboxed(self) -> bool:

@@ -54,12 +54,20 @@ _status_fd = -1
 
 
 def main(argv: list[str]) -> None:
+    serve(int(argv[1]), int(argv[2]) if len(argv) > 2 else -1)
+
+
+def serve(code_fd: int, status_fd: int, arrived: types.FunctionType | None = None) -> None:
+    """Wait for the code on ``code_fd``, then run it (the warm template's children call
+    this too, with ``arrived`` run once the code is in)."""
     global _status_fd
-    data = read_all(int(argv[1]))
+    data = read_all(code_fd)
     if not data:
         os._exit(0)
-    if len(argv) > 2:
-        _status_fd = int(argv[2])
+    if arrived is not None:
+        arrived()
+    if status_fd >= 0:
+        _status_fd = status_fd
         os.set_inheritable(_status_fd, False)
     header, _, code = data.partition(b"\n")
     for name, value in json.loads(header).items():

@@ -51,13 +51,26 @@ pytestmark = pytest.mark.peer
 POSTGRES_SOCKET = "/run/postgresql/.s.PGSQL.5432"
 
 
-@pytest.fixture(scope="module", params=["prepared", "fresh"])
+HOSTS = {
+    # The default: children forked by the warm template, prepared ahead (the reserve).
+    "template": (),
+    # The same children, forked when the execution arrives (--reserve 0).
+    "template-fresh": ("--reserve", "0"),
+    # The fresh-interpreter path: a bubblewrap sandbox and a new interpreter each,
+    # prepared ahead, and started when the execution arrives.
+    "prepared-bwrap": ("--template", "off"),
+    "fresh-bwrap": ("--template", "off", "--reserve", "0"),
+}
+
+
+@pytest.fixture(scope="module", params=list(HOSTS))
 def host(request):
-    """Every escape is tried against both ways a snippet starts: in a sandbox prepared
-    ahead of time (the default reserve) and in a fresh one (``--reserve 0``)."""
-    args = () if request.param == "prepared" else ("--reserve", "0")
+    """Every escape is tried against every way a snippet starts: a warm template's child
+    or a bubblewrap sandbox, each prepared ahead of time (the default reserve) or
+    started when the execution arrives (``--reserve 0``)."""
+    args = HOSTS[request.param]
     with start_host(TOKEN, extra_args=args) as running:
-        if request.param == "prepared":
+        if "--reserve" not in args:
             wait_until(lambda: waiting_sandboxes(running), timeout=20, what="the reserve to fill")
         yield running
 

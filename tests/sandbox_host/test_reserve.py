@@ -12,6 +12,7 @@ import pytest
 
 from sandbox_host import defaults
 from sandbox_host.children import WAITER_INSIDE
+from sandbox_host.template_host import WAITING_NAME
 from tests.support.host import connect, descendants, execute, start_host
 from tests.timing import wait_until
 
@@ -30,7 +31,9 @@ PROBE = textwrap.dedent(
 
 
 def waiting_sandboxes(host=None) -> list[int]:
-    """Interpreters waiting for code (of ``host``'s reserve, or of any host)."""
+    """Interpreters waiting for code (of ``host``'s reserve, or of any host): a
+    bubblewrap sandbox's waiter, or a warm template's child named so until its code
+    arrives."""
     found = []
     mine = set(descendants(host.pid)) if host is not None else None
     for pid in os.listdir("/proc"):
@@ -38,11 +41,28 @@ def waiting_sandboxes(host=None) -> list[int]:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
                     argv = fh.read().split(b"\0")
+                with open(f"/proc/{pid}/comm") as fh:
+                    comm = fh.read().strip()
             except OSError:
                 continue
-            if WAITER_INSIDE.encode() in argv and b"bwrap" not in argv[0]:
+            if (WAITER_INSIDE.encode() in argv and b"bwrap" not in argv[0]) or comm == WAITING_NAME:
                 found.append(int(pid))
     return found
+
+
+# Where prepared sandboxes come from: the warm template (the default), or bubblewrap
+# and a fresh interpreter each (--template off).
+SOURCES = {"template": (), "bwrap": ("--template", "off")}
+
+
+@pytest.fixture(scope="module", params=list(SOURCES))
+def host(request):
+    with start_host(TOKEN, extra_args=SOURCES[request.param]) as running:
+        yield running
+
+
+def template_on(host) -> bool:
+    return any("event=template_selected" in line and "template=on" in line for line in host.log_lines)
 
 
 def prepared_starts(host) -> int:
@@ -59,7 +79,10 @@ def test_two_executions_share_nothing(host):
         ws.close()
     assert prepared_starts(host) - before == 2  # both ran in prepared sandboxes
     a, b = (r.stdout.split() for r in (first, second))
-    assert a[0] != b[0] and a[1] != b[1] and a[2] != b[2]  # random, urandom and the hash seed differ
+    assert a[0] != b[0] and a[1] != b[1]  # random and urandom differ
+    # The hash seed is the warm template's, the same in each of its children
+    # (docs/operations.md says why that is harmless); a fresh interpreter draws its own.
+    assert (a[2] == b[2]) == template_on(host)
     assert a[3:] == b[3:] == ["[]", "1"]  # each found /tmp empty and saw only its own file
 
 
@@ -77,11 +100,13 @@ def test_limits_are_lowered_to_the_executions_own(host):
     wait_until(lambda: prepared_starts(host) - before == 2, timeout=5, what="both to have run prepared")
 
 
-def test_a_sandbox_that_died_waiting_costs_no_execution(shared_dir):
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_a_sandbox_that_died_waiting_costs_no_execution(shared_dir, source):
     marker = shared_dir / "ran.txt"
     marker.touch()
     marker.chmod(0o666)
-    with start_host(TOKEN, extra_args=("--reserve", "2", "--insecure-shared-dir", str(shared_dir))) as host:
+    args = ("--reserve", "2", "--insecure-shared-dir", str(shared_dir), *SOURCES[source])
+    with start_host(TOKEN, extra_args=args) as host:
         wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
         for pid in waiting_sandboxes(host):
             os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,442 @@
+"""The warm template: one long-lived interpreter per host that forks one single-use,
+contained child per execution (DESIGN.md: "a warm template process that forks one
+single-use child per execution, which enters its containment before the user's code
+is even compiled").
+
+The host starts it as ``python -I -S - holdfast-template FD`` with its source on stdin
+(so nothing of the host's paths shows in any child's /proc/self/cmdline), an EMPTY
+environment, and no descriptor but the Unix socket ``FD``: it never holds the host's
+token or any secret, only the sandbox layout, the seccomp program and the waiter's
+source, which every sandbox sees anyway. ``-S``: nothing of site-packages runs here, not
+even a ``.pth`` file; only the standard library is imported.
+
+Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors by SCM_RIGHTS):
+
+    host -> template   config {layout, seccomp, waiter source, ...}   (once)
+    template -> host   {"ready": pid}
+    host -> template   request {uid, cgroups, rlimits, nice, snippet} + fds
+                       [code (read), status (write), stdout, stderr, exit (write)]
+    template -> host   {"pid": child pid} + [pidfd of it]   or   {"error": "..."}
+
+Each request forks one child as pid 1 of a new PID namespace (the template unshares
+the PID namespace for its next child only, then goes back to its own). The template
+stays its parent, as bubblewrap's outer process stays its sandbox's: it reaps it and
+writes its raw wait status down the exit pipe, which is how the host, that is not its
+parent, learns the end. The child dies with the template (PR_SET_PDEATHSIG), and the
+template with the host.
+
+The child takes its own session, joins the execution's control groups, enters new
+mount, network, IPC, UTS and cgroup namespaces, builds the private root that
+``sandbox.py`` describes, pivots into it, takes the execution's environment, rlimits
+and slot uid, drops every capability, sets no_new_privs, loads the seccomp filter,
+reseeds the random generators, forgets this module, and only then becomes the waiter
+(``waiter.py``): it reads one header and the code from the code pipe and runs it. Any
+setup failure exits 126 with one line on the execution's stderr, before anything of
+the user's ran.
+
+Standard library only; single-threaded (it forks).
+"""
+
+import ctypes
+import gc
+import json
+import os
+import platform
+import select
+import signal
+import socket
+import sys
+import types
+
+# The modules user code commonly needs, imported once here so no child pays for them.
+WARM = (
+    "abc argparse array base64 bisect calendar collections collections.abc contextlib copy csv "
+    "dataclasses datetime decimal difflib enum fnmatch fractions functools glob hashlib heapq hmac "
+    "io itertools json linecache locale math numbers operator pathlib pprint queue random re "
+    "resource secrets shlex shutil site statistics string struct tempfile textwrap threading time "
+    "traceback types typing unicodedata uuid warnings weakref zlib"
+).split()
+
+SETUP_FAILED_EXIT = 126
+# linux/sched.h
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+# linux/mount.h
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+MNT_DETACH = 2
+# statvfs f_flag -> the mount flag to keep when remounting a bind (a remount replaces them all).
+KEEP_FLAGS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME, 2048: MS_NODIRATIME}
+ST_RELATIME = 4096
+# linux/prctl.h
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_NAME = 15
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+# What bubblewrap keeps read-only inside a fresh /proc (its setup_newroot does the same).
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus")
+# The name a sandbox waiting for its code shows in /proc/<pid>/comm (tests find it so).
+WAITING_NAME = b"holdfast-wait"
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+libc.syscall.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_char_p]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def prctl(option: int, arg: int = 0, what: str = "prctl") -> None:
+    check(libc.prctl(option, arg, 0, 0, 0), what)
+
+
+def set_name(name: bytes) -> None:
+    """/proc/self/comm (at most 15 bytes); the buffer lives across the call."""
+    buffer = ctypes.create_string_buffer(name[:15])
+    prctl(PR_SET_NAME, ctypes.addressof(buffer))
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
+    check(libc.mount(enc[0], enc[1], enc[2], flags, enc[3]), f"mount {target}")
+
+
+def remount(target: str, flags: int) -> None:
+    """Remount the bind at ``target`` with ``flags`` added to the ones it has."""
+    found = os.statvfs(target).f_flag
+    keep = sum(flag for bit, flag in KEEP_FLAGS.items() if found & bit)
+    keep |= MS_RELATIME if found & ST_RELATIME else 0
+    mount(None, target, None, MS_BIND | MS_REMOUNT | keep | flags)
+
+
+# --- the template --------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> None:
+    sock = socket.socket(fileno=int(argv[2]))
+    config = json.loads(sock.recv(1 << 20))
+    host = config["host_pid"]
+    # The template dies with the host (its supervising thread); a host already gone
+    # leaves nothing to serve.
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != host:
+        os._exit(1)
+    os.umask(0o022)
+    for name in WARM:
+        __import__(name)
+    waiter = types.ModuleType("holdfast_waiter")
+    exec(compile(config.pop("waiter"), "/holdfast/waiter.py", "exec"), waiter.__dict__)  # noqa: S102
+    config["seccomp"] = bytes.fromhex(config["seccomp"])
+    config["cap_last"] = int(open("/proc/sys/kernel/cap_last_cap").read())
+    os.makedirs(config["newroot"], mode=0o755, exist_ok=True)
+    # Children share our heap copy-on-write: a collection in each would touch (copy) it.
+    gc.collect()
+    gc.freeze()
+    # A child that exited is reaped (and reported) at once: until then it is a zombie
+    # that holds the execution's control groups, and the host waits for its status.
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    config["wake"] = (wake_r, wake_w)
+    config["pid_ns"] = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        reap()
+        ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
+        if wake_r in ready:
+            while True:
+                try:
+                    if not os.read(wake_r, 4096):
+                        break
+                except BlockingIOError:
+                    break
+        if sock not in ready:
+            continue
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+        except OSError:
+            os._exit(1)
+        if not message:
+            os._exit(0)  # the host closed its end
+        try:
+            reply, reply_fds = spawn(json.loads(message), fds, config, waiter, sock), []
+            pidfd = os.pidfd_open(reply["pid"])  # our unreaped child: its pid cannot be reused yet
+            reply_fds.append(pidfd)
+        except Exception as exc:  # the host answers this request not_started
+            reply, reply_fds = {"error": f"{exc.__class__.__name__}: {exc}"}, []
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            socket.send_fds(sock, [json.dumps(reply).encode()], reply_fds)
+        finally:
+            for fd in reply_fds:
+                os.close(fd)
+
+
+# Our live children: pid -> (its exit pipe's write end, its alive pipe's write end).
+CHILDREN: dict[int, tuple[int, int]] = {}
+
+
+def reap() -> None:
+    """Report each child that ended: its raw wait status down its exit pipe (the host
+    is not its parent, so this is how it learns the end). Explicitly (not SIGCHLD
+    ignored), so a child's pid stays ours until we sent its pidfd."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        exit_fd, alive_fd = CHILDREN.pop(pid, (-1, -1))
+        if exit_fd >= 0:
+            try:
+                os.write(exit_fd, b"%d\n" % status)
+            except OSError:
+                pass  # the host let it go already
+            os.close(exit_fd)
+            os.close(alive_fd)
+
+
+def spawn(request: dict, fds: list[int], config: dict, waiter: types.ModuleType, sock: socket.socket) -> dict:
+    """Fork the sandbox as pid 1 of a new PID namespace, directly: we are its parent,
+    reap it and write its wait status down its exit pipe (``reap``), as bubblewrap's
+    outer process does for its sandbox. One fork per execution, not two."""
+    exit_fd = fds[4]
+    alive_r, alive_w = os.pipe()  # the sandbox sees EOF here once we are gone
+    # Our next child starts a PID namespace of its own; we stay where we are.
+    check(libc.unshare(CLONE_NEWPID), "unshare a PID namespace")
+    try:
+        pid = os.fork()
+    except BaseException:
+        pid_ns_reset(config)
+        os.close(alive_r)
+        os.close(alive_w)
+        raise
+    if pid == 0:
+        os.close(alive_w)
+        sandbox(request, config, waiter, sock, fds, alive_r)
+    pid_ns_reset(config)
+    os.close(alive_r)
+    CHILDREN[pid] = (os.dup(exit_fd), alive_w)
+    return {"pid": pid}
+
+
+def pid_ns_reset(config: dict) -> None:
+    """Back to our own PID namespace for our next children (an unshare of a PID
+    namespace applies to the children only, and only once until reset). A template
+    that cannot is of no use: it exits, and the host starts a new one."""
+    if libc.setns(config["pid_ns"], CLONE_NEWPID) != 0:
+        os._exit(1)
+
+
+def fail(exc: BaseException) -> None:
+    try:
+        os.write(2, f"holdfast: sandbox setup failed: {exc.__class__.__name__}: {exc}\n".encode())
+    finally:
+        os._exit(SETUP_FAILED_EXIT)
+
+
+def sandbox(
+    request: dict, config: dict, waiter: types.ModuleType, sock: socket.socket, fds: list[int], alive_fd: int
+) -> None:
+    """Pid 1 of the new PID namespace: contain, drop, then wait for the code. Nothing
+    here may return into the template's loop."""
+    code_fd, status_fd, out_fd, err_fd, _ = fds
+    try:
+        sock.close()  # the template's socket must never reach a sandbox
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in config["wake"]:
+            os.close(fd)
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if select.select([alive_fd], [], [], 0)[0]:
+            os._exit(SETUP_FAILED_EXIT)  # the template died before we could follow it
+        os.setsid()  # own session and process group: the host's killpg reaches all of it
+        for procs in request["cgroups"]:
+            with open(procs, "w") as fh:
+                fh.write("0")  # ourselves (our pid here is 1, not the host's view of it)
+        if request.get("nice"):
+            os.nice(request["nice"])
+        # The cgroup namespace after joining, so its root is the execution's own group.
+        check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP), "unshare")
+        build_root(request, config)
+        check(libc.sethostname(b"holdfast", 8), "sethostname")
+        keep = {0, 1, 2, code_fd, status_fd, alive_fd}
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass  # listdir's own descriptor, already closed
+        os.environ.clear()
+        os.environ.update(config["env"])
+        os.chdir(config["scratch"])
+        import resource
+
+        names = {
+            "cpu_s": resource.RLIMIT_CPU,
+            "as_bytes": resource.RLIMIT_AS,
+            "nproc": resource.RLIMIT_NPROC,
+            "fsize": resource.RLIMIT_FSIZE,
+            "nofile": resource.RLIMIT_NOFILE,
+            "core": resource.RLIMIT_CORE,
+        }
+        for name, value in request["rlimits"].items():
+            resource.setrlimit(names[name], (value, value))
+        drop_privileges(request["uid"], config)
+        # The uid change cleared the parent-death signal (the kernel does so on any
+        # credential change): take it again, and check the template did not die meanwhile.
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if select.select([alive_fd], [], [], 0)[0]:
+            os._exit(SETUP_FAILED_EXIT)
+        os.close(alive_fd)
+    except BaseException as exc:
+        fail(exc)
+    reseed()
+    # What ``python -I`` does at start-up and ``-S`` skipped here: sys.path as a fresh
+    # interpreter has it (site-packages, masked empty) and the exit/quit/help builtins.
+    import site
+
+    site.main()
+    set_name(WAITING_NAME)
+    comm = config["comm"].encode()
+    for name in [name for name in sys.modules if name == "__main__" or name.startswith("holdfast")]:
+        del sys.modules[name]
+
+    def arrived() -> None:
+        # Back to the name a fresh interpreter would have, now that it runs the code.
+        set_name(comm)
+
+    waiter.serve(code_fd, status_fd, arrived)
+    os._exit(0)
+
+
+def build_root(request: dict, config: dict) -> None:
+    """The private root of ``sandbox.py``, in the same order bubblewrap builds it."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    new = config["newroot"]
+    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+
+    def at(path: str) -> str:
+        return new + path
+
+    for parent in config["parents"]:
+        os.mkdir(at(parent), 0o755)
+        os.chmod(at(parent), 0o755)  # noqa: S103 - the sandbox's uid must traverse them (umask aside)
+
+    def bind(source: str, path: str, flags: int) -> None:
+        if os.path.isdir(source):
+            os.makedirs(at(path), mode=0o755, exist_ok=True)
+        else:
+            os.close(os.open(at(path), os.O_WRONLY | os.O_CREAT, 0o444))
+        mount(source, at(path), None, MS_BIND | MS_REC)
+        remount(at(path), flags)
+
+    for path in config["binds"]:
+        bind(path, path, MS_RDONLY | MS_NOSUID | MS_NODEV)
+    for target, link in config["symlinks"]:
+        os.symlink(target, at(link))
+    for path in config["masks"]:
+        os.makedirs(at(path), mode=0o755, exist_ok=True)
+        mount("tmpfs", at(path), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0555,size=4096")
+        remount(at(path), MS_RDONLY)
+    os.makedirs(at("/proc"), mode=0o755, exist_ok=True)
+    mount("proc", at("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in PROC_READ_ONLY:
+        path = at(f"/proc/{name}")
+        if os.path.exists(path):
+            mount(path, path, None, MS_BIND | MS_REC)
+            remount(path, MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.makedirs(at("/dev"), mode=0o755, exist_ok=True)
+    mount("tmpfs", at("/dev"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=65536")
+    for device in config["devices"]:
+        bind(device, device, MS_NOSUID)
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        os.symlink(f"/proc/self/fd/{fd}", at(f"/dev/{name}"))
+    os.symlink("/proc/self/fd", at("/dev/fd"))
+    os.symlink(config["scratch"], at("/dev/shm"))  # noqa: S108 - inside the private root
+    remount(at("/dev"), MS_RDONLY)
+    scratch = at(config["scratch"])
+    os.makedirs(scratch, exist_ok=True)
+    mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={config['scratch_bytes']}")
+    os.symlink(config["scratch"], at("/var/tmp"))  # noqa: S108 - inside the private root
+    bind(request["snippet"], config["snippet_path"], MS_RDONLY | MS_NOSUID | MS_NODEV)
+    if config["shared_dir"]:
+        bind(config["shared_dir"], config["shared_dir"], MS_NOSUID | MS_NODEV)
+    remount(new, MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(new)
+    number = SYS_PIVOT_ROOT[platform.machine()]
+    check(libc.syscall(number, b".", b"."), "pivot_root")
+    check(libc.umount2(b".", MNT_DETACH), "umount the old root")
+    os.chdir("/")
+
+
+def drop_privileges(uid: int, config: dict) -> None:
+    """As ``setpriv --reuid --regid --clear-groups --bounding-set=-all --inh-caps=-all
+    --no-new-privs`` does, then the seccomp filter as bubblewrap loads it."""
+    for cap in range(config["cap_last"] + 1):
+        prctl(PR_CAPBSET_DROP, cap, "drop a capability from the bounding set")
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, "clear ambient capabilities")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # to a non-zero uid: permitted and effective sets empty
+    header = CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (CapData * 2)()  # all zero: the inheritable set too
+    check(libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+    # A credential change made us non-dumpable, which leaves /proc/self owned by root:
+    # /dev/stdout (-> /proc/self/fd/1) would not open. An exec resets it the same way.
+    prctl(PR_SET_DUMPABLE, 1)
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    program = ctypes.create_string_buffer(config["seccomp"], len(config["seccomp"]))
+    fprog = SockFprog(len(config["seccomp"]) // 8, ctypes.addressof(program))
+    check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0), "load the seccomp filter")
+
+
+def reseed() -> None:
+    """Every random source the standard library keeps in memory, fresh from the kernel:
+    a child must not replay its siblings' values (os.urandom and secrets already ask the
+    kernel each time)."""
+    import random
+    import tempfile
+
+    random.seed()
+    tempfile._name_sequence = None  # its own Random, rebuilt on next use
+
+
+if __name__ == "__main__":
+    main(sys.argv)

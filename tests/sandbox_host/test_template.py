@@ -1,0 +1,236 @@
+"""The warm template (``sandbox_host/template.py``): its children share nothing of one
+another, it holds nothing of the host's, and a template killed under load loses no
+execution and runs none twice. The containment of its children is the escape suite's
+(``test_escape.py`` runs against the template too)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import textwrap
+import threading
+import time
+
+import pytest
+
+from holdfast_wire import protocol
+from tests.support.host import connect, descendants, execute, new_id, recv_frame, send_frame, start_host
+from tests.timing import scaled, wait_until
+
+from .conftest import TOKEN
+from .test_reserve import waiting_sandboxes
+
+pytestmark = pytest.mark.peer
+
+
+def template_pids(host) -> list[int]:
+    """The host's template process(es): the interpreter started as ``holdfast-template``
+    by the host itself (its children carry the same command line)."""
+    found = []
+    for pid in descendants(host.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+        if b"holdfast-template" in argv and ppid == host.pid and pid > 1:
+            found.append(pid)
+    return found
+
+
+def template_pid(host) -> int:
+    wait_until(lambda: len(template_pids(host)) == 1, timeout=20, what="one template")
+    pid = template_pids(host)[0]
+    assert pid > 1
+    return pid
+
+
+def test_the_template_holds_nothing_of_the_hosts_environment():
+    # The host gets its token from its environment, and more besides: the template's
+    # environment (what it was started with) must be empty.
+    env = {**os.environ, "HOLDFAST_TEST_MARKER": "host-only-" + new_id()}
+    with start_host(TOKEN, env=env) as host:
+        pid = template_pid(host)
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = fh.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+        fds = {}
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                fds[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+    assert TOKEN.encode() not in environ and TOKEN.encode() not in cmdline
+    assert environ == b"", environ
+    # Beyond stdio: its one socket to the host, its own pipes (a wake-up pipe, each
+    # child's exit and alive pipes) and its own PID namespace; nothing of the host's.
+    kinds = [link.split(":")[0] for fd, link in fds.items() if fd not in ("0", "1", "2")]
+    assert kinds.count("socket") == 1 and set(kinds) <= {"socket", "pipe", "pid"}, fds
+
+
+SIBLING = textwrap.dedent(
+    """
+    import os, random, tempfile, time, uuid
+    before = sorted(os.listdir("/tmp"))
+    name = "sibling-" + os.urandom(4).hex()
+    open("/tmp/" + name, "w").write("x")
+    print(random.random(), random.getrandbits(64), uuid.uuid4().hex, os.path.basename(tempfile.mktemp()))
+    print(name, before)
+    print(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+    time.sleep({hold})
+    print(sorted(os.listdir("/tmp")))
+    """
+)
+
+
+def test_two_children_of_one_template_share_nothing():
+    with start_host(TOKEN) as host:
+        wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
+        first_template = template_pid(host)
+        results: dict[str, protocol.Frame] = {}
+
+        def one(key: str, hold: float) -> None:
+            ws = connect(host.url, TOKEN)
+            try:
+                results[key] = execute(ws, SIBLING.format(hold=hold), timeout_ms=30_000)
+            finally:
+                ws.close()
+
+        # Both alive at once: each could see the other's file or process if any leaked.
+        threads = [threading.Thread(target=one, args=(key, scaled(1.5))) for key in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert template_pid(host) == first_template  # both came from the same template
+    a, b = (results[key] for key in ("a", "b"))
+    assert a.status == b.status == "succeeded", (a, b)
+    a_out, b_out = a.stdout.splitlines(), b.stdout.splitlines()
+    # Every random source differs: random's state, uuid4, tempfile's names.
+    assert all(x != y for x, y in zip(a_out[0].split(), b_out[0].split(), strict=True)), (a_out[0], b_out[0])
+    a_name, b_name = a_out[1].split()[0], b_out[1].split()[0]
+    assert a_out[1].endswith(" []") and b_out[1].endswith(" []")  # each found /tmp empty
+    assert a_out[3] == f"[{a_name!r}]" and b_out[3] == f"[{b_name!r}]"  # and only its own file later
+    # Its own PID namespace: itself (pid 1), nothing of the sibling's.
+    assert a_out[2] == b_out[2] == "[1]"
+
+
+def test_a_template_killed_under_load_loses_nothing_and_runs_nothing_twice(shared_dir):
+    ledger = shared_dir / "ran.txt"
+    ledger.touch()
+    ledger.chmod(0o666)
+    code = "import time\nopen({ledger!r}, 'a').write({id!r} + '\\n')\ntime.sleep({sleep})\nprint('done')"
+    args = ("--insecure-shared-dir", str(shared_dir))
+    with start_host(TOKEN, extra_args=args) as host:
+        wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
+        old = template_pid(host)
+        ws = connect(host.url, TOKEN, timeout=scaled(60))
+        try:
+            # In flight when the template dies: two running, then the waiting reserve.
+            running = [new_id() for _ in range(2)]
+            for execution_id in running:
+                body = code.format(ledger=str(ledger), id=execution_id, sleep=30)
+                send_frame(ws, protocol.Execute(id=execution_id, code=body, timeout_ms=60_000, memory_mb=128))
+            started = {recv_frame(ws) for _ in running}
+            assert started == {protocol.Started(id=execution_id) for execution_id in running}
+            wait_until(lambda: ledger.read_text().count("\n") == 2, timeout=20, what="both to be running")
+            doomed = set(descendants(old))
+            assert doomed, "the template has children"
+            os.kill(old, signal.SIGKILL)
+            # Nothing of it outlives it: its children die with it (parent-death
+            # signals), the running ones well before their 30 s sleep is over.
+            wait_until(
+                lambda: not [pid for pid in doomed if os.path.exists(f"/proc/{pid}")],
+                timeout=10,
+                what="the dead template's children to be gone",
+            )
+            ended = {}
+            while len(ended) < len(running):
+                frame = recv_frame(ws)
+                assert isinstance(frame, protocol.Result), frame
+                ended[frame.id] = frame
+            # Queued after the kill: they run on the restarted template, or are refused
+            # as never started (the pool moves them); never lost, never run twice.
+            later = []
+            for _ in range(6):
+                execution_id = new_id()
+                body = code.format(ledger=str(ledger), id=execution_id, sleep=0)
+                later.append((execution_id, execute(ws, body, id=execution_id)))
+        finally:
+            ws.close()
+        new = template_pid(host)
+        assert new != old
+        wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to refill")
+    for frame in ended.values():
+        # Killed with their template: failed, never hung and never lost.
+        assert frame.status == "failed" and "SIGKILL" in frame.error, frame
+    runs = ledger.read_text().split()
+    assert all(runs.count(execution_id) == 1 for execution_id in running)
+    for execution_id, frame in later:
+        if isinstance(frame, protocol.NotStarted):
+            assert execution_id not in runs  # provably never ran
+        else:
+            assert isinstance(frame, protocol.Result) and frame.status == "succeeded", frame
+            assert runs.count(execution_id) == 1
+    assert sum(isinstance(frame, protocol.Result) for _, frame in later) >= 5  # the restart is quick
+
+
+def test_a_dead_template_is_restarted_and_the_fresh_path_uses_it_too():
+    with start_host(TOKEN, extra_args=("--reserve", "0")) as host:
+        old = template_pid(host)
+        os.kill(old, signal.SIGKILL)
+        # The next request waits for the restart rather than failing.
+        ws = connect(host.url, TOKEN)
+        try:
+            started = time.monotonic()
+            result = execute(ws, "print('after')")
+        finally:
+            ws.close()
+        assert isinstance(result, protocol.Result) and result.stdout == "after\n", result
+        assert time.monotonic() - started < scaled(10)
+        assert template_pid(host) != old
+        assert "event=template_exited" in host.log()
+
+
+def test_a_child_holds_no_descriptor_of_the_template(host):
+    # The template's socket in a child would let user code ask for children of its own
+    # choosing (any uid): only stdio and the waiter's status pipe may be open.
+    code = """
+    import os
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found[fd] = os.readlink("/proc/self/fd/" + fd).split(":")[0]
+        except OSError:
+            pass  # the descriptor listdir held, closed since
+    print(found)
+    """
+    ws = connect(host.url, TOKEN)
+    try:
+        result = execute(ws, textwrap.dedent(code))
+    finally:
+        ws.close()
+    assert result.status == "succeeded", result
+    found = eval(result.stdout)  # noqa: S307 - our own repr of a dict of strings
+    extra = {fd: kind for fd, kind in found.items() if fd not in ("0", "1", "2")}
+    assert set(extra.values()) <= {"pipe"} and len(extra) <= 1, found  # the status pipe at most
+    assert not any(kind.startswith("socket") for kind in found.values()), found
+
+
+def test_the_running_code_dies_with_its_parent(host):
+    # A credential change clears the parent-death signal: the child must take it again
+    # after it dropped to the slot's uid, or it would outlive a SIGKILLed host.
+    code = """
+    import ctypes, signal
+    sig = ctypes.c_int(-1)
+    ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    print(signal.Signals(sig.value).name if sig.value > 0 else sig.value)
+    """
+    ws = connect(host.url, TOKEN)
+    try:
+        result = execute(ws, textwrap.dedent(code))
+    finally:
+        ws.close()
+    assert result.status == "succeeded" and result.stdout == "SIGKILL\n", result
