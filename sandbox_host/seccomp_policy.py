@@ -123,6 +123,12 @@ AF_MAX = 46
 PERSONALITY_QUERY = 0xFFFFFFFF
 
 
+# prctl(PR_SET_PDEATHSIG) is refused: a template child is its PID namespace's init, and
+# its own parent-death signal is what ends it (and with it, everything it started) when
+# its template or host dies. Code that could clear it would outlive a killed host.
+PR_SET_PDEATHSIG = 1
+
+
 class SeccompUnavailable(RuntimeError):
     """libseccomp (or its Python binding) cannot build the filter on this machine."""
 
@@ -161,6 +167,7 @@ def compile_filter() -> bytes:
         # clone3 passes its flags in memory a filter cannot read: make glibc use clone.
         flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
         flt.add_rule(deny, "personality", sc.Arg(0, sc.NE, PERSONALITY_QUERY))
+        flt.add_rule(deny, "prctl", sc.Arg(0, sc.EQ, PR_SET_PDEATHSIG))
         with tempfile.TemporaryFile() as fh:
             flt.export_bpf(fh)
             fh.flush()

@@ -42,6 +42,7 @@ import gc
 import json
 import os
 import platform
+import re
 import select
 import signal
 import socket
@@ -73,6 +74,9 @@ MNT_DETACH = 2
 # statvfs f_flag -> the mount flag to keep when remounting a bind (a remount replaces them all).
 KEEP_FLAGS = {1: MS_RDONLY, 2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME, 2048: MS_NODIRATIME}
 ST_RELATIME = 4096
+# linux/sockios.h, linux/if.h
+SIOCSIFFLAGS = 0x8914
+IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
 # linux/prctl.h
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -294,6 +298,7 @@ def sandbox(
             os.nice(request["nice"])
         # The cgroup namespace after joining, so its root is the execution's own group.
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP), "unshare")
+        loopback_up()
         build_root(request, config)
         check(libc.sethostname(b"holdfast", 8), "sethostname")
         keep = {0, 1, 2, code_fd, status_fd, alive_fd}
@@ -321,20 +326,28 @@ def sandbox(
         drop_privileges(request["uid"], config)
         # The uid change cleared the parent-death signal (the kernel does so on any
         # credential change): take it again, and check the template did not die meanwhile.
+        # Before the filter, which refuses this prctl to the code that runs next.
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if select.select([alive_fd], [], [], 0)[0]:
             os._exit(SETUP_FAILED_EXIT)
         os.close(alive_fd)
+        confine(config)
     except BaseException as exc:
         fail(exc)
     reseed()
+    # The template's bookkeeping is ours by copy: others' executions in flight
+    # (``CHILDREN``), this request and the layout must not be there for the code to read
+    # through a frame or the garbage collector.
+    CHILDREN.clear()
+    comm = config["comm"].encode()
+    config.clear()
+    request.clear()
     # What ``python -I`` does at start-up and ``-S`` skipped here: sys.path as a fresh
     # interpreter has it (site-packages, masked empty) and the exit/quit/help builtins.
     import site
 
     site.main()
     set_name(WAITING_NAME)
-    comm = config["comm"].encode()
     for name in [name for name in sys.modules if name == "__main__" or name.startswith("holdfast")]:
         del sys.modules[name]
 
@@ -359,6 +372,8 @@ def build_root(request: dict, config: dict) -> None:
         os.mkdir(at(parent), 0o755)
         os.chmod(at(parent), 0o755)  # noqa: S103 - the sandbox's uid must traverse them (umask aside)
 
+    bound: list[tuple[str, int]] = []
+
     def bind(source: str, path: str, flags: int) -> None:
         if os.path.isdir(source):
             os.makedirs(at(path), mode=0o755, exist_ok=True)
@@ -366,6 +381,7 @@ def build_root(request: dict, config: dict) -> None:
             os.close(os.open(at(path), os.O_WRONLY | os.O_CREAT, 0o444))
         mount(source, at(path), None, MS_BIND | MS_REC)
         remount(at(path), flags)
+        bound.append((at(path), flags))
 
     for path in config["binds"]:
         bind(path, path, MS_RDONLY | MS_NOSUID | MS_NODEV)
@@ -398,6 +414,7 @@ def build_root(request: dict, config: dict) -> None:
     bind(request["snippet"], config["snippet_path"], MS_RDONLY | MS_NOSUID | MS_NODEV)
     if config["shared_dir"]:
         bind(config["shared_dir"], config["shared_dir"], MS_NOSUID | MS_NODEV)
+    remount_below(bound)
     remount(new, MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(new)
     number = SYS_PIVOT_ROOT[platform.machine()]
@@ -406,9 +423,37 @@ def build_root(request: dict, config: dict) -> None:
     os.chdir("/")
 
 
+def loopback_up() -> None:
+    """A new network namespace's loopback starts down; bubblewrap brings it up, and
+    code may serve and connect on 127.0.0.1 inside its own namespace."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("16sH22x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING)
+        fcntl.ioctl(probe.fileno(), SIOCSIFFLAGS, request)
+
+
+def remount_below(bound: list[tuple[str, int]]) -> None:
+    """A recursive bind brings the mounts below its source along with their own flags (a
+    writable, suid or device-bearing mount under /usr, say): each gets its bind's flags,
+    as bubblewrap does. One read of the mount table for all binds."""
+    with open("/proc/self/mountinfo", "rb") as fh:
+        points = [_unescape(line.split(b" ")[4]) for line in fh]
+    for point in points:
+        below = [(top, flags) for top, flags in bound if point.startswith(top + "/")]
+        if below:
+            remount(point, max(below, key=lambda pair: len(pair[0]))[1])
+
+
+def _unescape(field: bytes) -> str:
+    """A mountinfo path: space, tab, newline and backslash come as octal escapes."""
+    return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field).decode("utf-8", "surrogateescape")
+
+
 def drop_privileges(uid: int, config: dict) -> None:
-    """As ``setpriv --reuid --regid --clear-groups --bounding-set=-all --inh-caps=-all
-    --no-new-privs`` does, then the seccomp filter as bubblewrap loads it."""
+    """As ``setpriv --reuid --regid --clear-groups --bounding-set=-all --inh-caps=-all``
+    does (``confine`` adds no_new_privs and the seccomp filter)."""
     for cap in range(config["cap_last"] + 1):
         prctl(PR_CAPBSET_DROP, cap, "drop a capability from the bounding set")
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, "clear ambient capabilities")
@@ -421,6 +466,10 @@ def drop_privileges(uid: int, config: dict) -> None:
     # A credential change made us non-dumpable, which leaves /proc/self owned by root:
     # /dev/stdout (-> /proc/self/fd/1) would not open. An exec resets it the same way.
     prctl(PR_SET_DUMPABLE, 1)
+
+
+def confine(config: dict) -> None:
+    """no_new_privs and the seccomp filter, as bubblewrap loads it: the last step."""
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     program = ctypes.create_string_buffer(config["seccomp"], len(config["seccomp"]))
     fprog = SockFprog(len(config["seccomp"]) // 8, ctypes.addressof(program))

@@ -64,8 +64,12 @@ class TemplateProcess:
             if not select.select([self._exit_fd], [], [], timeout)[0]:
                 return False
             data = os.read(self._exit_fd, 64)
-            # Nothing written: the template died before it could report (and the child
-            # with it, by its parent-death signal).
+            if not data.strip().isdigit():
+                # Nothing written: the template died before it could report. The child
+                # dies with it by its parent-death signal; killed here too, by its pidfd
+                # (exactly it), so its end never rests on the child's own state alone.
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             status = int(data) if data.strip().isdigit() else signal.SIGKILL
             self.returncode = os.waitstatus_to_exitcode(status)
             self._close_fds()
@@ -101,8 +105,12 @@ class TemplateProcess:
         with self._lock:
             if self.returncode is not None or self._pidfd < 0:
                 return  # ended: its pid and group may belong to someone else by now
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                # Ended and reaped, its status not read yet: its pid (and group) may be
+                # someone else's already; its namespace died with it.
+                return
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
 
@@ -239,6 +247,12 @@ class Template:
         if sock is None:
             raise TemplateUnavailable("the warm template is not running")
         with self._request_lock:
+            with self._cond:
+                replaced = self._sock is not sock
+            if replaced:
+                # Killed for a request that timed out while we waited for the lock: its
+                # late reply may still be in this socket, and would be taken for ours.
+                raise TemplateUnavailable("the warm template was replaced")
             try:
                 socket.send_fds(sock, [json.dumps(request).encode()], fds)
                 message, got, _, _ = socket.recv_fds(sock, 4096, 1)

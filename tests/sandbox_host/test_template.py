@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import textwrap
 import threading
 import time
@@ -234,3 +235,84 @@ def test_the_running_code_dies_with_its_parent(host):
     finally:
         ws.close()
     assert result.status == "succeeded" and result.stdout == "SIGKILL\n", result
+
+
+def test_the_running_code_cannot_clear_its_parent_death_signal(host):
+    # It is its namespace's init: cleared, nothing would end it with a SIGKILLed host.
+    code = """
+    import ctypes, errno, signal
+    libc = ctypes.CDLL(None, use_errno=True)
+    cleared = libc.prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG, none
+    refused = errno.errorcode.get(ctypes.get_errno(), "") if cleared != 0 else "accepted"
+    sig = ctypes.c_int(-1)
+    libc.prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    print(refused, signal.Signals(sig.value).name if sig.value > 0 else sig.value)
+    """
+    ws = connect(host.url, TOKEN)
+    try:
+        result = execute(ws, textwrap.dedent(code))
+    finally:
+        ws.close()
+    assert result.status == "succeeded" and result.stdout == "EPERM SIGKILL\n", result
+
+
+def _run(host, code: str) -> protocol.Result:
+    ws = connect(host.url, TOKEN)
+    try:
+        return execute(ws, textwrap.dedent(code))
+    finally:
+        ws.close()
+
+
+def test_a_child_has_its_own_loopback_up(host):
+    code = """
+    import socket
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with socket.create_connection(server.getsockname(), timeout=5) as client:
+            peer, _ = server.accept()
+            client.sendall(b"ping")
+            print(peer.recv(4).decode())
+    """
+    result = _run(host, code)
+    assert result.status == "succeeded" and result.stdout == "ping\n", result
+
+
+def test_the_code_finds_none_of_the_template_s_bookkeeping_in_its_frames(host):
+    # Other executions in flight (the reserve's waiting children at least), the request
+    # and the layout were the template's: reachable through the frames that led here.
+    code = """
+    import sys
+    found = []
+    frame = sys._getframe()
+    while frame is not None:
+        for scope in (frame.f_locals, frame.f_globals):
+            for name in ("CHILDREN", "config", "request"):
+                value = scope.get(name)
+                if isinstance(value, dict) and value:
+                    found.append((frame.f_code.co_name, name, len(value)))
+        frame = frame.f_back
+    print(found)
+    """
+    wait_until(lambda: len(waiting_sandboxes(host)) >= 1, timeout=20, what="a prepared child")
+    result = _run(host, code)
+    assert result.status == "succeeded" and result.stdout == "[]\n", result
+
+
+def test_a_mount_below_a_bound_directory_takes_the_bind_s_flags(tmp_path):
+    # bubblewrap remounts every mount a recursive bind brings along; so must the template.
+    shared = tmp_path / "shared"
+    below = shared / "below"
+    below.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(below)], check=True)
+    try:
+        with start_host(TOKEN, extra_args=("--insecure-shared-dir", str(shared))) as shared_host:
+            code = f"""
+            for line in open("/proc/self/mountinfo"):
+                fields = line.split()
+                if fields[4] == {str(below)!r}:
+                    print(",".join(sorted(set(fields[5].split(",")) & {{"nosuid", "nodev"}})))
+            """
+            result = _run(shared_host, code)
+    finally:
+        subprocess.run(["umount", "-l", str(below)], check=False)
+    assert result.status == "succeeded" and result.stdout == "nodev,nosuid\n", result
