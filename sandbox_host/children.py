@@ -153,14 +153,7 @@ class Child:
             if self.isolation.sandboxed:
                 seccomp_fd = seccomp_policy.program_fd(self.isolation.seccomp)
                 fds.append(seccomp_fd)
-            joins = []
-            if self.cgroup:
-                joins = self.isolation.cgroups.create(
-                    self.cgroup,
-                    memory_bytes=self.limits.memory_mb * 1024 * 1024,
-                    max_processes=self.limits.max_processes,
-                    cpus=defaults.DEFAULT_EXECUTION_CPUS,
-                )
+            joins = self._create_cgroups()
             command, args_fd = sandbox.hide_arguments(
                 self.isolation.command(
                     uid=self.uid,
@@ -224,14 +217,7 @@ class Child:
                 ours.append(read)
                 theirs.append(write)
             self._snippet = self._new_snippet()
-            joins = []
-            if self.cgroup:
-                joins = self.isolation.cgroups.create(
-                    self.cgroup,
-                    memory_bytes=self.limits.memory_mb * 1024 * 1024,
-                    max_processes=self.limits.max_processes,
-                    cpus=defaults.DEFAULT_EXECUTION_CPUS,
-                )
+            joins = self._create_cgroups()
             request = {
                 "uid": self.uid,
                 "cgroups": joins,
@@ -263,6 +249,17 @@ class Child:
                 self.kill()
                 self.cleanup()
                 raise
+
+    def _create_cgroups(self) -> list[str]:
+        """The execution's control groups, made now; what its first process joins."""
+        if not self.cgroup:
+            return []
+        return self.isolation.cgroups.create(
+            self.cgroup,
+            memory_bytes=self.limits.memory_mb * 1024 * 1024,
+            max_processes=self.limits.max_processes,
+            cpus=defaults.DEFAULT_EXECUTION_CPUS,
+        )
 
     def deliver(self, code: str, limits: Limits) -> None:
         """Hand a prepared child its one execution. Raises ``ChildError`` if it is gone

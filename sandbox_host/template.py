@@ -313,6 +313,7 @@ def sandbox(
         os.chdir(config["scratch"])
         import resource
 
+        # exec_wrapper.RLIMITS's names: each is a program of its own, importing nothing of ours.
         names = {
             "cpu_s": resource.RLIMIT_CPU,
             "as_bytes": resource.RLIMIT_AS,

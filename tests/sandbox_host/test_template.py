@@ -25,6 +25,14 @@ from .test_reserve import waiting_sandboxes
 pytestmark = pytest.mark.peer
 
 
+def _run(host, code: str) -> protocol.Result:
+    ws = connect(host.url, TOKEN)
+    try:
+        return execute(ws, textwrap.dedent(code))
+    finally:
+        ws.close()
+
+
 def template_pids(host) -> list[int]:
     """The host's template process(es): the interpreter started as ``holdfast-template``
     by the host itself (its children carry the same command line)."""
@@ -208,11 +216,7 @@ def test_a_child_holds_no_descriptor_of_the_template(host):
             pass  # the descriptor listdir held, closed since
     print(found)
     """
-    ws = connect(host.url, TOKEN)
-    try:
-        result = execute(ws, textwrap.dedent(code))
-    finally:
-        ws.close()
+    result = _run(host, code)
     assert result.status == "succeeded", result
     found = eval(result.stdout)  # noqa: S307 - our own repr of a dict of strings
     extra = {fd: kind for fd, kind in found.items() if fd not in ("0", "1", "2")}
@@ -229,11 +233,7 @@ def test_the_running_code_dies_with_its_parent(host):
     ctypes.CDLL(None, use_errno=True).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
     print(signal.Signals(sig.value).name if sig.value > 0 else sig.value)
     """
-    ws = connect(host.url, TOKEN)
-    try:
-        result = execute(ws, textwrap.dedent(code))
-    finally:
-        ws.close()
+    result = _run(host, code)
     assert result.status == "succeeded" and result.stdout == "SIGKILL\n", result
 
 
@@ -248,20 +248,8 @@ def test_the_running_code_cannot_clear_its_parent_death_signal(host):
     libc.prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
     print(refused, signal.Signals(sig.value).name if sig.value > 0 else sig.value)
     """
-    ws = connect(host.url, TOKEN)
-    try:
-        result = execute(ws, textwrap.dedent(code))
-    finally:
-        ws.close()
+    result = _run(host, code)
     assert result.status == "succeeded" and result.stdout == "EPERM SIGKILL\n", result
-
-
-def _run(host, code: str) -> protocol.Result:
-    ws = connect(host.url, TOKEN)
-    try:
-        return execute(ws, textwrap.dedent(code))
-    finally:
-        ws.close()
 
 
 def test_a_child_has_its_own_loopback_up(host):
