@@ -30,14 +30,13 @@ from typing import TYPE_CHECKING
 from holdfast_wire.protocol import MAX_OUTPUT_BYTES, truncate_output
 
 from . import defaults, sandbox, seccomp_policy
-from .template_host import TemplateProcess
+from .template_host import WAITER_PATH, TemplateProcess
 
 if TYPE_CHECKING:
     from .isolation import Isolation
     from .template_host import Template
 
 WRAPPER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_wrapper.py")
-WAITER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "waiter.py")
 WAITER_INSIDE = f"{sandbox.HOLDFAST_DIR}/waiter.py"
 
 
@@ -346,8 +345,8 @@ class Child:
                     chunk = os.read(key.fd, 65536)
                     if key.data is None:  # the waiter's exit status
                         sel.unregister(key.fileobj)
-                        if chunk.strip().isdigit() and not status:
-                            early_code = int(chunk)
+                        early_code = None if status else _exit_status(chunk)
+                        if early_code is not None:
                             # Flushed before the status was written: all of it is in the pipes.
                             _drain(self.proc.stdout, out)
                             _drain(self.proc.stderr, err)
@@ -430,6 +429,16 @@ class Child:
         if snippet:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(snippet)
+
+
+def _exit_status(reported: bytes) -> int | None:
+    """An exit status the waiter reported, or None for anything an exit could not give:
+    the code can write to that pipe too, and may then only claim what exiting could."""
+    text = reported.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 3):
+        return None
+    code = int(text)
+    return code if code <= 255 else None
 
 
 def _drain(pipe, sink: _Capped) -> None:

@@ -19,8 +19,10 @@ the milliseconds of finalisation would buy nothing but a later result.
 Its exit status also goes down a second pipe, written once stdout and stderr are
 flushed: the host reports the result then, instead of when bubblewrap has torn the
 sandbox down (a millisecond or more later), and kills what is left afterwards. The code
-can write to that pipe too (it is this process's fd), which only lets it lie about its
-own result, as printing and exiting can; the fd is not inherited by its children.
+can write to that pipe too (it is this process's fd), which only lets it end its own
+execution early and lie about its own result, as printing and exiting can: the host
+takes nothing there but a status from 0 to 255 (``children._exit_status``). The fd is
+not inherited by its children.
 
 Runs as ``python -I /holdfast/waiter.py CODE_FD STATUS_FD``. Standard library only. A
 pipe closed with nothing in it (the host let the sandbox go unused) exits 0 without

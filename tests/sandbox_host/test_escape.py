@@ -325,6 +325,27 @@ def test_no_new_privs_seccomp_and_no_capabilities(host):
     assert int(status["Uid"]) >= 61000  # the slot's own unprivileged uid
 
 
+# --- its own result -------------------------------------------------------------------
+
+
+def test_the_code_cannot_report_an_exit_status_no_exit_could_give(host):
+    # The waiter's status pipe is the code's descriptor too: what it writes there may
+    # end its execution early, as exiting would, but never claim more than an exit can.
+    code = """
+    import os, time
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2:
+            try:
+                os.write(int(name), b"99999999999999999999\\n")
+            except OSError:
+                pass
+    time.sleep(0.2)
+    print("done")
+    """
+    result = run(host, code)
+    assert (result.status, result.exit_code, result.stdout) == ("succeeded", 0, "done\n"), result
+
+
 # --- resources -----------------------------------------------------------------------
 
 
