@@ -154,6 +154,7 @@ def main(argv: list[str]) -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != host:
         os._exit(1)
+    del host  # every child starts in this frame: nothing of the host's for it to find
     os.umask(0o022)
     for name in WARM:
         __import__(name)
@@ -183,28 +184,33 @@ def main(argv: list[str]) -> None:
                         break
                 except BlockingIOError:
                     break
-        if sock not in ready:
-            continue
-        try:
-            message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
-        except OSError:
-            os._exit(1)
-        if not message:
-            os._exit(0)  # the host closed its end
-        try:
-            reply, reply_fds = spawn(json.loads(message), fds, config, waiter, sock), []
-            pidfd = os.pidfd_open(reply["pid"])  # our unreaped child: its pid cannot be reused yet
-            reply_fds.append(pidfd)
-        except Exception as exc:  # the host answers this request not_started
-            reply, reply_fds = {"error": f"{exc.__class__.__name__}: {exc}"}, []
-        finally:
-            for fd in fds:
-                os.close(fd)
-        try:
-            socket.send_fds(sock, [json.dumps(reply).encode()], reply_fds)
-        finally:
-            for fd in reply_fds:
-                os.close(fd)
+        if sock in ready:
+            serve_one(sock, config, waiter)
+
+
+def serve_one(sock: socket.socket, config: dict, waiter: types.ModuleType) -> None:
+    """One request, in a frame of its own: a child forked here finds this request in
+    the frames above its code, never an earlier one's reply (another child's pid)."""
+    try:
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+    except OSError:
+        os._exit(1)
+    if not message:
+        os._exit(0)  # the host closed its end
+    try:
+        reply, reply_fds = spawn(json.loads(message), fds, config, waiter, sock), []
+        pidfd = os.pidfd_open(reply["pid"])  # our unreaped child: its pid cannot be reused yet
+        reply_fds.append(pidfd)
+    except Exception as exc:  # the host answers this request not_started
+        reply, reply_fds = {"error": f"{exc.__class__.__name__}: {exc}"}, []
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        socket.send_fds(sock, [json.dumps(reply).encode()], reply_fds)
+    finally:
+        for fd in reply_fds:
+            os.close(fd)
 
 
 # Our live children: pid -> (its exit pipe's write end, its alive pipe's write end).
