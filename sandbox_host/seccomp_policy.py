@@ -123,9 +123,11 @@ AF_MAX = 46
 PERSONALITY_QUERY = 0xFFFFFFFF
 
 
-# prctl(PR_SET_PDEATHSIG) is refused: a template child is its PID namespace's init, and
-# its own parent-death signal is what ends it (and with it, everything it started) when
-# its template or host dies. Code that could clear it would outlive a killed host.
+# prctl(PR_SET_PDEATHSIG) is refused in a template child (``compile_filter(template=True)``):
+# it is its PID namespace's init, and its own parent-death signal is what ends it (and
+# with it, everything it started) when its template or host dies; code that could clear
+# it would outlive a killed host. Under bubblewrap the code is not the init (bubblewrap
+# is, dying with the host), so a job's tools may set their own as they like.
 PR_SET_PDEATHSIG = 1
 
 
@@ -144,8 +146,9 @@ def _seccomp():
     return pyseccomp
 
 
-def compile_filter() -> bytes:
-    """The BPF program for this machine's architecture, as bwrap reads it."""
+def compile_filter(*, template: bool = False) -> bytes:
+    """The BPF program for this machine's architecture, as bwrap reads it; with
+    ``template``, the one a template child loads (one rule more, above)."""
     sc = _seccomp()
     try:
         flt = sc.SyscallFilter(sc.ALLOW)
@@ -167,7 +170,8 @@ def compile_filter() -> bytes:
         # clone3 passes its flags in memory a filter cannot read: make glibc use clone.
         flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
         flt.add_rule(deny, "personality", sc.Arg(0, sc.NE, PERSONALITY_QUERY))
-        flt.add_rule(deny, "prctl", sc.Arg(0, sc.EQ, PR_SET_PDEATHSIG))
+        if template:
+            flt.add_rule(deny, "prctl", sc.Arg(0, sc.EQ, PR_SET_PDEATHSIG))
         with tempfile.TemporaryFile() as fh:
             flt.export_bpf(fh)
             fh.flush()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from holdfast_wire import backoff
 
-from . import defaults, sandbox
+from . import defaults, sandbox, seccomp_policy
 from .log import log
 
 if TYPE_CHECKING:
@@ -126,6 +126,9 @@ class Template:
         self._sock: socket.socket | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        # The sandboxes' filter (isolation.build compiled it already, so this cannot fail
+        # where that did not) with the rule only a template child needs.
+        self._seccomp = seccomp_policy.compile_filter(template=True)
         self._thread = threading.Thread(target=self._supervise, name="template", daemon=True)
 
     def start(self, timeout: float = defaults.DEFAULT_TEMPLATE_START_TIMEOUT_S) -> None:
@@ -153,7 +156,7 @@ class Template:
         return {
             "host_pid": os.getpid(),
             "waiter": waiter,
-            "seccomp": self.isolation.seccomp.hex(),
+            "seccomp": self._seccomp.hex(),
             "newroot": os.path.join(snippet_dir(), "root"),
             "parents": sandbox._parents(inside),
             "binds": list(lay.binds),

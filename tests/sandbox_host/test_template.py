@@ -327,3 +327,15 @@ def test_no_frame_of_the_template_above_the_code_holds_a_pid(host):
     _run(host, "print(1)")  # an earlier request, whose reply named its child's pid
     result = _run(host, code)
     assert result.status == "succeeded" and result.stdout == "[]\n", result
+
+
+def test_under_bubblewrap_the_code_may_still_set_its_own_parent_death_signal():
+    # Only a template child is its namespace's init; a job's tools under bubblewrap keep
+    # the prctl they may use.
+    with start_host(TOKEN, extra_args=("--template", "off")) as bwrap_host:
+        code = """
+        import ctypes, signal
+        print(ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0))
+        """
+        result = _run(bwrap_host, code)
+    assert result.status == "succeeded" and result.stdout == "0\n", result
