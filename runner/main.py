@@ -223,6 +223,7 @@ def live(base_url: str, run_id: str, run_key: str, *, unix_socket: str | None = 
     except TransportError as exc:
         raise Undeliverable.from_transport(exc) from None
     redactor = Redactor((job.get("secrets") or {}).values(), keys=[run_key, session["session_token"]])
+    use_redactor(redactor)  # every line from here on: the job's secrets and the session are known
     stream = EventStream(client, redactor=redactor)
     steering = Steering(
         lambda on_retry: _steer_client(base_url, run_id, session["session_token"], unix_socket, on_retry),

@@ -176,3 +176,21 @@ def test_an_outage_past_the_budget_names_its_attempt_count() -> None:
         "reason": "OutageExceeded",
         "run_id": "run-1",
     }
+
+
+def test_once_the_bundle_is_read_every_log_line_is_redacted_with_the_job_s_secrets_and_session(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from runner.log import Redactor, fields, log, use_redactor
+
+    secret = "tok-secret-value-5"
+    plane = ControlPlane({"kind": "shell", "command": "true", "timeout_s": 30, "secrets": {"API_TOKEN": secret}})
+    try:
+        with scripted_server(plane) as server:
+            assert live(server.url, "7", RUN_KEY).status == "succeeded"
+        capsys.readouterr()
+        log.warning("probe", extra=fields(error=f"{secret} {SESSION} {RUN_KEY}"))
+        line = capsys.readouterr().err
+    finally:
+        use_redactor(Redactor(()))
+    assert " event=probe " in line and secret not in line and SESSION not in line and RUN_KEY not in line
