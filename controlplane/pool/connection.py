@@ -29,7 +29,7 @@ import websocket
 from controlplane.pool import wsclient
 from controlplane.pool.outcome import ExecRequest
 from controlplane.pool.state import ConnectionSnapshot, ConnState, RetireReason
-from holdfast_wire import client, protocol
+from holdfast_wire import addresses, client, protocol
 from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.pool")
@@ -143,7 +143,8 @@ class HostConnection:
         self._reader = threading.Thread(target=self._read_loop, name=f"holdfast-conn-{self.host_id}", daemon=True)
         self._reader.start()
         log.info(
-            "connection_opened", extra=fields(host_id=self.host_id, url=self.url, max_age_s=round(self.max_age_s, 1))
+            "connection_opened",
+            extra=fields(host_id=self.host_id, url=addresses.public(self.url), max_age_s=round(self.max_age_s, 1)),
         )
 
     def age(self) -> float:
@@ -162,7 +163,7 @@ class HostConnection:
     def snapshot(self) -> ConnectionSnapshot:
         return ConnectionSnapshot(
             host_id=self.host_id,
-            url=self.url,
+            url=addresses.public(self.url),  # it reaches the cache, the drain page, the registry
             state=self.state,
             retire_reason=self.retire_reason,
             age_s=round(self.age(), 3),

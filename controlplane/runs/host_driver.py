@@ -123,7 +123,9 @@ class WebSocketLaunchDriver:
                 return self._launch_on(url, request)
             except _TryElsewhere as exc:
                 reasons.append(str(exc))
-                log.info("run_launch_elsewhere", extra=fields(run_id=request.run_id, url=url, reason=exc))
+                log.info(
+                    "run_launch_elsewhere", extra=fields(run_id=request.run_id, url=addresses.public(url), reason=exc)
+                )
         raise LaunchUnavailable("no host took the run: " + "; ".join(reasons or ["no address configured"]))
 
     def stop(self, run_id: str, host_id: str) -> bool:
