@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import signal
 import time
 from dataclasses import dataclass
+
+from holdfast_wire import backoff
 
 ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("memory", "pids")
@@ -122,16 +125,15 @@ class Cgroups:
             path = self.paths(name)["unified"]
             with contextlib.suppress(OSError):
                 _write(path, "cgroup.kill", "1")  # atomic, kernel 5.14+
-        delay = 0.0005  # a process that is already exiting is gone within a millisecond
-        for _ in range(50):
+        for attempt in range(50):
             pids = self.members(name)
             if not pids:
                 return
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
+            # A process that is already exiting is gone within a millisecond.
+            backoff.wait(attempt, first_s=0.0005, max_s=0.01)
 
     def remove(self, name: str) -> None:
         """Kill what is left in the groups and remove them. Never raises."""
@@ -142,19 +144,16 @@ class Cgroups:
             # Dying processes still hold it for a moment (a template child's parent is
             # still tearing its namespaces down after it reported): retried from 1 ms,
             # doubling, about a second in all.
-            delay = 0.001
             deadline = time.monotonic() + 1.0
-            while True:
+            for attempt in itertools.count():
                 try:
                     os.rmdir(path)
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
-                    if time.monotonic() > deadline:
+                    if not backoff.wait(attempt, first_s=0.001, max_s=0.01, deadline=deadline):
                         break
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.01)
 
 
 def _write(path: str, name: str, value: str, *, optional: bool = False, ignore_invalid: bool = False) -> None:
