@@ -22,6 +22,8 @@ write transaction is serialized anyway, so there both are exact.
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q
@@ -29,6 +31,9 @@ from django.db.models import Count, Q
 from controlplane.owners.actions import caps
 from controlplane.owners.errors import AtCapacity, OwnerDisabled, OwnerLimit, UnknownOwner
 from controlplane.owners.models import Owner
+from holdfast_wire.logfmt import fields
+
+log = logging.getLogger("holdfast.owners")
 
 
 def _locked_owner(name: str) -> Owner:
@@ -59,7 +64,10 @@ def admit_execution(name: str) -> Owner:
         raise OwnerLimit(f"owner {owner.name!r} has {queued} executions queued; its cap is {limits.max_queued}")
     total = Execution.objects.filter(status=Status.QUEUED).count()
     if total >= settings.EXECUTION_MAX_QUEUED_TOTAL:
-        raise AtCapacity(f"{total} executions queued; the deployment's cap is {settings.EXECUTION_MAX_QUEUED_TOTAL}")
+        # Every owner's work together: the count is the operators', not the caller's to
+        # read (the message goes to whichever owner asked), so it goes to the log.
+        log.warning("at_capacity", extra=fields(queued=total, cap=settings.EXECUTION_MAX_QUEUED_TOTAL))
+        raise AtCapacity()
     return owner
 
 

@@ -129,9 +129,13 @@ def test_a_retried_run_post_returns_the_first_run(api):
     assert changed.status_code == 422 and Run.objects.count() == 1
 
 
-def test_the_fingerprint_keeps_no_secret_in_the_clear():
+def test_the_fingerprint_keeps_no_secret_in_the_clear(settings):
     digest = idempotency.fingerprint("POST /runs", {"secrets": {"TOKEN": RUN_SECRET}})
     assert RUN_SECRET not in digest and len(digest) == 64
+    # Keyed with the deployment's secret: a plain hash of a guessable secret would let
+    # whoever reads the table try candidates against it.
+    settings.SECRET_KEY = "another-deployment-secret-key-0123456789abcdef"
+    assert idempotency.fingerprint("POST /runs", {"secrets": {"TOKEN": RUN_SECRET}}) != digest
 
 
 @pytest.mark.django_db(transaction=True)

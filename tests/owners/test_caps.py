@@ -121,6 +121,7 @@ def test_a_full_deployment_refuses_everyone_with_at_capacity(settings):
         submit("print(1)", owner="late")
     assert (refused.value.code, refused.value.http_status) == ("at_capacity", 503)
     assert str(refused.value).startswith(AtCapacity.text)
+    assert "5" not in str(refused.value)  # every owner's count together is not this owner's to read
     Execution.objects.filter(owner="big")[:1].get().delete()
     submit("print(1)", owner="late")
 
