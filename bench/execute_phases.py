@@ -91,8 +91,7 @@ CHAIN = (
     "claimed (fair dispatch)",
     "code read, pool called",
     "host answered (pool)",
-    "result stored and notified",
-    "parked nudges released",
+    "result stored, parked nudge back, notified",
     "task ended",
     "caller has the result",
 )

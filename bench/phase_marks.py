@@ -45,8 +45,7 @@ def _timed(module, name: str, label: str) -> None:
 
 
 _timed(dispatch, "claim_next", "claimed (fair dispatch)")
-_timed(actions, "finish", "result stored and notified")
-_timed(actions, "resend_parked", "parked nudges released")
+_timed(actions, "finish", "result stored, parked nudge back, notified")
 _get_pool = tasks.get_pool
 
 

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import NamedTuple
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
@@ -99,15 +100,54 @@ def _next_owner(turn: DispatchTurn, eligible: list[str], weights: dict[str, int]
     return (later or eligible)[0], 1
 
 
-def claim_next(worker: str) -> str | None:
-    """Claim the next execution by the fair rule (queued -> running) and return its id,
-    or None when nothing can be dispatched now. Exactly one worker can claim a row.
+class Claimed(NamedTuple):
+    """A claimed execution and what its worker sends to a host, read with the claim."""
 
-    Every query here runs under the one turn lock, so each costs every worker's claim
-    (docs/operations.md): one grouped count for queued and running, the owners, the
-    chosen row, the claim and the turn. Rows queued past the wait are expired when one
-    comes up as the choice (the oldest row of an owner is always the one chosen, so none
-    can run), and by the sweep otherwise, instead of a search at every claim."""
+    id: str
+    code: str
+    timeout_ms: int
+    memory_mb: int
+
+
+def claim_next(worker: str) -> Claimed | None:
+    """Claim the next execution by the fair rule (queued -> running) and return it, or
+    None when nothing can be dispatched now. Exactly one worker can claim a row.
+
+    Every step runs under the one turn lock, so its cost is paid by every worker's claim
+    (docs/operations.md). On PostgreSQL the rule runs in the database
+    (``holdfast_claim_next``, migration 0004): one round trip where the steps below
+    take eight, and the turn lock is held for the function's run only, not across the
+    network. SQLite runs the same rule here; the tests hold both to one order."""
+    if connection.vendor == "postgresql":
+        return _claim_in_database(worker)
+    return _claim_here(worker)
+
+
+def _claim_in_database(worker: str) -> Claimed | None:
+    while True:
+        now = timezone.now()
+        cutoff = now - timedelta(seconds=settings.EXECUTION_MAX_QUEUE_WAIT_S)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT outcome, execution_id, code, timeout_ms, memory_mb FROM holdfast_claim_next(%s, %s, %s, %s)",
+                [worker, settings.OWNER_MAX_ACTIVE, cutoff, now],
+            )
+            outcome, pk, code, timeout_ms, memory_mb = cursor.fetchone()
+        if outcome == "claimed":
+            return Claimed(str(pk), code, timeout_ms, memory_mb)
+        if outcome == "overdue":
+            expire_overdue()  # the chosen row waited too long: never run; choose again
+            continue
+        if outcome == "parked":
+            log.info("dispatch_parked", extra=fields())
+        return None
+
+
+def _claim_here(worker: str) -> Claimed | None:
+    """The rule step by step in Python, each step a query (SQLite). Rows queued past the
+    wait are expired when one comes up as the choice (the oldest row of an owner is
+    always the one chosen, so none can run), and by the sweep otherwise, instead of a
+    search at every claim."""
     with transaction.atomic():
         turn = _turn()
         cutoff = timezone.now() - timedelta(seconds=settings.EXECUTION_MAX_QUEUE_WAIT_S)
@@ -142,7 +182,7 @@ def claim_next(worker: str) -> str | None:
             row = (
                 Execution.objects.filter(owner=owner, status=Status.QUEUED)
                 .order_by("created_at", "pk")
-                .only("pk", "created_at")
+                .only("pk", "created_at", "code", "timeout_ms", "memory_mb")
                 .first()
             )
             if row is None:
@@ -156,7 +196,7 @@ def claim_next(worker: str) -> str | None:
                 status=Status.RUNNING, started_at=timezone.now(), worker=worker[:200]
             ):
                 DispatchTurn.objects.filter(pk=1).update(owner=owner, used=used, dispatched=F("dispatched") + 1)
-                return str(row.pk)
+                return Claimed(str(row.pk), row.code, row.timeout_ms, row.memory_mb)
 
 
 def _max_active(owner: Owner | None) -> int:

@@ -15,7 +15,6 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from controlplane.commands import first_line
 from controlplane.executions import actions, dispatch, enqueue
-from controlplane.executions.models import Execution
 from controlplane.pool import outcome as texts
 from controlplane.pool.outcome import ExecRequest, Outcome
 from controlplane.pool.pool import get_pool
@@ -77,11 +76,10 @@ def run_execution(self, execution_id: str = "") -> None:
     if claimed is None:
         log.info("execution_nothing_to_dispatch", extra=fields(nudged_by=execution_id))
         return
-    execution_id = claimed
-    row = _with_db_patience(lambda: Execution.objects.only("code", "timeout_ms", "memory_mb").get(pk=execution_id))
+    execution_id = claimed.id
     cancel = _cancel_check(execution_id)
     outcome = get_pool().run(
-        ExecRequest(id=execution_id, code=row.code, timeout_ms=row.timeout_ms, memory_mb=row.memory_mb),
+        ExecRequest(id=execution_id, code=claimed.code, timeout_ms=claimed.timeout_ms, memory_mb=claimed.memory_mb),
         cancel=cancel,
     )
     try:
@@ -160,8 +158,6 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
         recorded = _with_db_patience(lambda: actions.finish(execution_id, refused), attempts=attempts)
     if not recorded:
         log.warning("execution_result_not_recorded", extra=fields(execution_id=execution_id, reason="not_running"))
-        return
-    actions.resend_parked(execution_id)
 
 
 def _drop_connection() -> None:
