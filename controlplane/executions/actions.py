@@ -24,6 +24,15 @@ from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
 
+# finish() on PostgreSQL (_finish_in_one_statement). Only the ORM's own UPDATE and a
+# quoted table name are put in; every value is a parameter.
+FINISH_SQL = (
+    "WITH done AS ({update} RETURNING 1), "
+    "released AS (UPDATE {turn} SET parked = parked - 1 "
+    "WHERE id = 1 AND parked > 0 AND EXISTS (SELECT 1 FROM done) RETURNING 1) "
+    "SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released){wake}"
+)
+
 
 def create(code: str, *, owner: str, timeout_s: float | None, memory_mb: int | None) -> Execution:
     """A queued execution for ``owner``. Raises ValueError for bad input and an
@@ -96,12 +105,7 @@ def _finish_in_one_statement(rows, values: dict, execution_id: str) -> tuple[boo
     wake, wake_params = ("", [])
     if notify.available():
         wake, wake_params = ", (SELECT pg_notify(%s, %s) FROM done)", [notify.CHANNEL, str(execution_id)]
-    sql = (
-        f"WITH done AS ({update_sql} RETURNING 1), "
-        f"released AS (UPDATE {turn} SET parked = parked - 1 "
-        f"WHERE id = 1 AND parked > 0 AND EXISTS (SELECT 1 FROM done) RETURNING 1) "
-        f"SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released){wake}"
-    )
+    sql = FINISH_SQL.format(update=update_sql, turn=turn, wake=wake)
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, *wake_params])
         recorded, released = cursor.fetchone()[:2]
