@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 from datetime import timedelta
 
 from django.conf import settings
@@ -34,9 +35,12 @@ FINISH_SQL = (
 )
 
 
-def create(code: str, *, owner: str, timeout_s: float | None, memory_mb: int | None) -> Execution:
-    """A queued execution for ``owner``. Raises ValueError for bad input and an
-    OwnerError subclass (controlplane/owners/errors.py) when the owner is unknown,
+def create(
+    code: str, *, owner: str, timeout_s: float | None, memory_mb: int | None, execution_id: uuid.UUID | None = None
+) -> Execution:
+    """A queued execution for ``owner``, with ``execution_id`` when given (a caller that
+    listens for its result before the row exists). Raises ValueError for bad input and
+    an OwnerError subclass (controlplane/owners/errors.py) when the owner is unknown,
     disabled, over a cap, or the deployment is full."""
     timeout_s = settings.EXECUTION_DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
     memory_mb = settings.EXECUTION_DEFAULT_MEMORY_MB if memory_mb is None else int(memory_mb)
@@ -52,7 +56,11 @@ def create(code: str, *, owner: str, timeout_s: float | None, memory_mb: int | N
         # The owner's row stays locked until this transaction commits (admission.py).
         admitted = admission.admit_execution(owner)
         return Execution.objects.create(
-            owner=admitted.name, code=code, timeout_ms=int(timeout_s * 1000), memory_mb=memory_mb
+            id=execution_id or uuid.uuid4(),
+            owner=admitted.name,
+            code=code,
+            timeout_ms=int(timeout_s * 1000),
+            memory_mb=memory_mb,
         )
 
 

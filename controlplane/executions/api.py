@@ -80,9 +80,15 @@ def submit(code: str, *, owner: str, timeout_s: float | None = None, memory_mb: 
     an unknown or disabled owner, an owner over a cap, or a full deployment. After
     commit a Celery message nudges a worker to dispatch one slot; which queued
     execution that slot runs is decided by the fair rule (dispatch.py)."""
+    return _submit(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
+
+
+def _submit(
+    code: str, *, owner: str, timeout_s: float | None, memory_mb: int | None, execution_id: uuid.UUID | None = None
+) -> uuid.UUID:
     from controlplane.executions import actions, enqueue
 
-    row = actions.create(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
+    row = actions.create(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb, execution_id=execution_id)
     # Published once the row is visible to the worker that will claim it: at once when
     # create's own transaction has committed, or when the caller's does (the public API
     # stores its idempotency record in the same one). One nudge per accepted row: as many
@@ -109,33 +115,50 @@ def execute(
         return ExecutionResult(id=None, status="cancelled", error=CANCELLED)
     from controlplane.executions import notify
 
-    execution_id = submit(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb)
+    execution_id = uuid.uuid4()
     results = notify.listener()
     woken = None
     if results is not None and results.ready(LISTENER_READY_S):
-        # Registered before the first read: a result stored from here on wakes us, and
-        # one stored before is in the row we are about to read.
+        # Registered before the row exists: its result can only be stored after, and
+        # wakes us, so the first read waits for that (or for the safety net).
         woken = results.register(str(execution_id))
     try:
-        return _wait(execution_id, woken, cancel=cancel, wait_s=wait_s, pickup_wait_s=pickup_wait_s)
+        _submit(code, owner=owner, timeout_s=timeout_s, memory_mb=memory_mb, execution_id=execution_id)
+        return _wait(
+            execution_id, woken, cancel=cancel, wait_s=wait_s, pickup_wait_s=pickup_wait_s, registered_first=True
+        )
     finally:
         if woken is not None:
             results.unregister(str(execution_id), woken)
 
 
-def _wait(execution_id, woken, *, cancel: Cancel, wait_s: float | None, pickup_wait_s: float | None):
+def _wait(
+    execution_id,
+    woken,
+    *,
+    cancel: Cancel,
+    wait_s: float | None,
+    pickup_wait_s: float | None,
+    registered_first: bool = False,
+):
+    """Read the row until it is terminal, woken by ``woken`` (the result's notification)
+    or polling without one. ``registered_first``: ``woken`` was registered before the row
+    was created, so nothing is there to read until it is set or the safety net expires."""
     from controlplane.executions import actions
     from controlplane.executions.models import TERMINAL, Execution
 
-    row = Execution.objects.only("timeout_ms").get(pk=execution_id)
     started = time.monotonic()
-    deadline = started + (wait_s if wait_s is not None else row.timeout_ms / 1000 + WAIT_MARGIN_S)
+    deadline = None
     polls = 0
     cancel_sent = False
     stats.reads = 0
+    if woken is not None and registered_first:
+        woken.wait(SAFETY_POLL_S if pickup_wait_s is None else min(SAFETY_POLL_S, pickup_wait_s))
     while True:
         row = Execution.objects.get(pk=execution_id)
         stats.reads += 1
+        if deadline is None:
+            deadline = started + (wait_s if wait_s is not None else row.timeout_ms / 1000 + WAIT_MARGIN_S)
         if row.status in TERMINAL:
             stats.last_woken_by_notification = woken is not None and woken.is_set()
             return _result(row)

@@ -185,7 +185,11 @@ def sweep_executions() -> dict[str, int]:
 
 
 def _cancel_check(execution_id: str):
-    last = [0.0]
+    """The pool's cancel check for a claimed execution: its row, read at most every
+    CANCEL_POLL_INTERVAL_S. The claim counts as the first look: a cancel made before it
+    cancelled the queued row outright, so none can be pending yet, and one made since
+    is seen within the interval, as one made a moment after the code was sent is."""
+    last = [time.monotonic()]
     seen = [False]
 
     def check() -> bool:
@@ -203,5 +207,4 @@ def _cancel_check(execution_id: str):
             return False
         return seen[0]
 
-    # The first look is immediate: a cancel that raced the claim must not be sent.
     return check
