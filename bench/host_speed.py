@@ -7,6 +7,7 @@ Used by ``bench/run.py``; standard library and the wire codec only.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -62,6 +63,38 @@ def latencies(fn: Callable[[], None], n: int, *, pause_s: float = 0.0) -> list[f
         fn()
         samples.append(time.perf_counter() - started)
         time.sleep(pause_s)
+    return samples
+
+
+def wake_round_trips(n: int, *, pause_s: float) -> list[float]:
+    """``n`` one-byte round trips between this process and a child over two pipes, each
+    after ``pause_s`` of sleep: what waking an idle CPU costs on this machine (on a VM
+    whose idle CPUs halt, far more after a long idle than a short one). Every hop of an
+    execution (client, host, sandbox and back) pays it; a bare spawn, busy throughout,
+    does not."""
+    to_child, from_parent = os.pipe()
+    to_parent, from_child = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(to_child)
+        os.close(to_parent)
+        while os.read(from_parent, 1):
+            os.write(from_child, b"x")
+        os._exit(0)
+    os.close(from_parent)
+    os.close(from_child)
+    samples = []
+    try:
+        for _ in range(n):
+            time.sleep(pause_s)
+            started = time.perf_counter()
+            os.write(to_child, b"x")
+            os.read(to_parent, 1)
+            samples.append(time.perf_counter() - started)
+    finally:
+        os.close(to_child)
+        os.close(to_parent)
+        os.waitpid(pid, 0)
     return samples
 
 

@@ -10,7 +10,9 @@ none). Rows, each against its baseline:
   the containment, measured in the same run;
 * the same with 8 snippets in flight on one pooled connection;
 * the full path (row -> Celery -> pool -> host) vs a plain Celery task doing the
-  same database work without a sandbox;
+  same database work without a sandbox (P2: claim the row, store a result), and vs
+  one that makes Holdfast's own claim and finish (fair dispatch, the parked nudge,
+  the notification): what the database steps cost apart from the sandbox;
 * resident memory of an idle host, and its peak with 8 executions in flight;
 * host side (issue 12), on a host's own WebSocket, frame in to result frame out: a
   trivial execution in a prepared sandbox (the reserve) and in one started on arrival
@@ -18,7 +20,9 @@ none). Rows, each against its baseline:
   a fresh interpreter (``--template off``), against a bare spawn of the interpreter
   the sandboxes run (P1);
   8 in flight sustained for ``--seconds`` against a bare spawn loop of the same
-  concurrency (P3); each in-flight execution's unique memory (PSS).
+  concurrency (P3); each in-flight execution's unique memory (PSS). The prepared
+  sandbox is timed both now and then (``--pause-s``) and on a busy host
+  (``--busy-pause-s``), beside what a wake after that idle costs the machine.
 """
 
 from __future__ import annotations
@@ -154,14 +158,12 @@ def pooled(pool: SandboxPool, n: int, concurrency: int) -> tuple[list[float], fl
     return samples, n / (time.perf_counter() - started)
 
 
-def full_path(n: int, plain: bool) -> list[float]:
+def full_path(n: int, task) -> list[float]:
+    """``n`` rows made and ``task`` sent for each, one at a time, the row polled until
+    it is terminal (the baselines' way: they send no notification)."""
     from controlplane.executions import actions
     from controlplane.executions.models import TERMINAL, Execution
 
-    if plain:
-        from bench.tasks import plain_task as task
-    else:
-        from controlplane.executions.tasks import run_execution as task
     samples = []
     for _ in range(n):
         started = time.perf_counter()
@@ -205,16 +207,18 @@ def tree(pid: int) -> list[int]:
     return found
 
 
-def measure_host(token: str, label: str, args: tuple[str, ...], n: int, seconds: float, pause_s: float) -> dict:
-    """One host: ``n`` executions one at a time, then 8 in flight for ``seconds``, and
-    its PSS idle and at its peak."""
+def measure_host(
+    token: str, label: str, args: tuple[str, ...], n: int, seconds: float, pauses: tuple[float, ...]
+) -> dict:
+    """One host: ``n`` executions one at a time after each pause in ``pauses``, then 8
+    in flight for ``seconds``, and its PSS idle and at its peak."""
     host = processes.start_host(token, host_id=f"bench-{uuid.uuid4().hex[:6]}", extra_args=args)
     try:
         url = processes.host_url(host)
         client = host_speed.HostClient(url, token)
         time.sleep(1.0)  # let the reserve fill
         idle_pss = host_speed.pss_kib(tree(host.popen.pid))
-        samples = host_speed.latencies(client.execute, n, pause_s=pause_s)
+        samples = {pause: host_speed.latencies(client.execute, n, pause_s=pause) for pause in pauses}
         client.close()
         peak = [0]
         stop = threading.Event()
@@ -243,7 +247,7 @@ def measure_host(token: str, label: str, args: tuple[str, ...], n: int, seconds:
     return {"label": label, "samples": samples, "rate": rate, "idle_pss": idle_pss, "peak_pss": peak[0]}
 
 
-def host_side(token: str, n: int, seconds: float, pause_s: float) -> dict:
+def host_side(token: str, n: int, seconds: float, pause_s: float, busy_pause_s: float) -> dict:
     """Issue 12's rows: see the module docstring."""
     bare = host_speed.latencies(host_speed.bare_spawn, n)
     bare_rate = host_speed.throughput(lambda: host_speed.bare_spawn, 8, seconds)
@@ -253,23 +257,31 @@ def host_side(token: str, n: int, seconds: float, pause_s: float) -> dict:
         ("bare spawn loop, 8 at once (baseline)", "", "", f"{bare_rate:.1f}/s"),
     ]
     notes = []
+    for pause in (pause_s, busy_pause_s):
+        w50, _ = ms(host_speed.wake_round_trips(n, pause_s=pause))
+        rows.append((f"machine: a pipe round trip between two processes after {pause * 1000:g} ms idle", f"{w50:.2f}",
+                     "", ""))  # fmt: skip
     hosts = (
         # The default: the warm template's children, prepared ahead and forked on arrival.
-        ("prepared sandbox (reserve), warm template", ()),
-        ("forked on arrival (--reserve 0), warm template", ("--reserve", "0")),
+        ("prepared sandbox (reserve), warm template", (), (pause_s, busy_pause_s)),
+        ("forked on arrival (--reserve 0), warm template", ("--reserve", "0"), (pause_s,)),
         # The fresh-interpreter path (--template off): bubblewrap, setpriv, an interpreter.
-        ("prepared sandbox (reserve), bwrap", ("--template", "off")),
-        ("fresh sandbox (--reserve 0), bwrap", ("--template", "off", "--reserve", "0")),
+        ("prepared sandbox (reserve), bwrap", ("--template", "off"), (pause_s,)),
+        ("fresh sandbox (--reserve 0), bwrap", ("--template", "off", "--reserve", "0"), (pause_s,)),
     )
-    for label, args in hosts:
-        found = measure_host(token, label, args, n, seconds, pause_s)
-        p50, p95 = ms(found["samples"])
+    for label, args, pauses in hosts:
+        found = measure_host(token, label, args, n, seconds, pauses)
         rate = found["rate"]
-        rows.append((f"host side, {label}, 1 at a time", f"{p50:.1f}", f"{p95:.1f}", f"{1000 / p50:.1f}/s"))
+        ratios = []
+        for pause, samples in found["samples"].items():
+            p50, p95 = ms(samples)
+            every = f"1 at a time, {pause * 1000:g} ms apart"
+            rows.append((f"host side, {label}, {every}", f"{p50:.1f}", f"{p95:.1f}", f"{1000 / p50:.1f}/s"))
+            ratios.append(f"{p50 / b50:.2f}x the bare spawn {pause * 1000:g} ms apart")
         rows.append((f"host side, {label}, 8 in flight {seconds:g} s", "", "", f"{rate:.1f}/s"))
         unique = (found["peak_pss"] - found["idle_pss"]) / 8 / 1024
         notes.append(
-            f"{label}: p50 {p50 / b50:.2f}x the bare spawn (P1 goal <= 0.1x); 8 in flight {rate / bare_rate:.2f}x "
+            f"{label}: p50 {', '.join(ratios)} (P1 goal <= 0.1x); 8 in flight {rate / bare_rate:.2f}x "
             f"the bare spawn loop (P3 goal >= 3x); host PSS idle {found['idle_pss'] / 1024:.1f} MiB, peak with "
             f"8 in flight {found['peak_pss'] / 1024:.1f} MiB, about {unique:.1f} MiB unique per execution in flight"
         )
@@ -279,9 +291,15 @@ def host_side(token: str, n: int, seconds: float, pause_s: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=40, help="samples per row")
-    parser.add_argument("--seconds", type=float, default=10.0, help="how long each throughput row runs")
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long each throughput row runs (P3: 30 s)")
     parser.add_argument(
-        "--pause-s", type=float, default=0.1, help="between host-side executions one at a time (the reserve refills)"
+        "--pause-s", type=float, default=0.1, help="between host-side executions one at a time: now and then"
+    )
+    parser.add_argument(
+        "--busy-pause-s",
+        type=float,
+        default=0.03,
+        help="between them on a busy host: as often as a prepared sandbox is made again (about 20-25 ms here)",
     )
     args = parser.parse_args()
     n = args.n
@@ -330,24 +348,34 @@ def main() -> None:
         worker = processes.start_worker(
             env, concurrency=4, name="bench-worker", extra_args=("--include", "bench.tasks")
         )
+        from bench.tasks import fair_task, plain_task
+        from controlplane.executions.tasks import run_execution
+
         try:
-            full_path(3, plain=True)
-            full_path(3, plain=False)
-            plain = full_path(n, plain=True)
-            full = full_path(n, plain=False)
+            for task in (plain_task, fair_task, run_execution):
+                full_path(3, task)
+            plain = full_path(n, plain_task)
+            fair = full_path(n, fair_task)
+            full = full_path(n, run_execution)
             pushed = via_execute(n)
         finally:
             worker.stop()
         p50, p95 = ms(plain)
         f50, f95 = ms(full)
         rows.append(("plain Celery task (baseline)", f"{p50:.1f}", f"{p95:.1f}", f"{1000 / p50:.1f}/s"))
+        a50, a95 = ms(fair)
+        rows.append(("the same with Holdfast's claim and finish, no sandbox", f"{a50:.1f}", f"{a95:.1f}",
+                     f"{1000 / a50:.1f}/s"))  # fmt: skip
         rows.append(("full path: row, Celery, pool, host", f"{f50:.1f}", f"{f95:.1f}", f"{1000 / f50:.1f}/s"))
         e50, e95 = ms(pushed)
         rows.append(("full path through execute() (result pushed)", f"{e50:.1f}", f"{e95:.1f}", f"{1000 / e50:.1f}/s"))
-        p2_note = f"P2: execute() p50 {e50:.1f} ms = {e50 / p50:.2f}x the plain Celery task (goal <= 1.5x)"
+        p2_note = (
+            f"P2: execute() p50 {e50:.1f} ms = {e50 / p50:.2f}x the plain Celery task (goal <= 1.5x); "
+            f"{e50 / a50:.2f}x the task that makes Holdfast's own claim and finish"
+        )
     finally:
         host.stop()
-    speed = host_side(token, n, args.seconds, args.pause_s)
+    speed = host_side(token, n, args.seconds, args.pause_s, args.busy_pause_s)
     speed["notes"].insert(0, p2_note)
     rows += speed["rows"]
     db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]

@@ -180,14 +180,6 @@ def run_execution(
         send(protocol.Started(id=frame.id))
         outcome = child.wait()
         admission.finish(running)
-        log(
-            "execution_finished",
-            conn=conn_id,
-            id=frame.id,
-            status=outcome.status,
-            exit_code=outcome.exit_code,
-            duration_ms=outcome.duration_ms,
-        )
         send(
             protocol.Result(
                 id=frame.id,
@@ -198,6 +190,15 @@ def run_execution(
                 duration_ms=outcome.duration_ms,
                 error=outcome.error,
             )
+        )
+        # Logged once the result is on its way: the caller does not wait for our log.
+        log(
+            "execution_finished",
+            conn=conn_id,
+            id=frame.id,
+            status=outcome.status,
+            exit_code=outcome.exit_code,
+            duration_ms=outcome.duration_ms,
         )
         if prepared and reserve is not None:
             reserve.replenish()
