@@ -72,28 +72,28 @@ def wake_round_trips(n: int, *, pause_s: float) -> list[float]:
     whose idle CPUs halt, far more after a long idle than a short one). Every hop of an
     execution (client, host, sandbox and back) pays it; a bare spawn, busy throughout,
     does not."""
-    to_child, from_parent = os.pipe()
-    to_parent, from_child = os.pipe()
+    child_reads, parent_writes = os.pipe()
+    parent_reads, child_writes = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(to_child)
-        os.close(to_parent)
-        while os.read(from_parent, 1):
-            os.write(from_child, b"x")
+        os.close(parent_writes)
+        os.close(parent_reads)
+        while os.read(child_reads, 1):
+            os.write(child_writes, b"x")
         os._exit(0)
-    os.close(from_parent)
-    os.close(from_child)
+    os.close(child_reads)
+    os.close(child_writes)
     samples = []
     try:
         for _ in range(n):
             time.sleep(pause_s)
             started = time.perf_counter()
-            os.write(to_child, b"x")
-            os.read(to_parent, 1)
+            os.write(parent_writes, b"x")
+            os.read(parent_reads, 1)
             samples.append(time.perf_counter() - started)
     finally:
-        os.close(to_child)
-        os.close(to_parent)
+        os.close(parent_writes)
+        os.close(parent_reads)
         os.waitpid(pid, 0)
     return samples
 
