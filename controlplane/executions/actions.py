@@ -97,8 +97,10 @@ def finish(execution_id: str, outcome: Outcome) -> bool:
             notify.publish(execution_id)
     if released:
         # The nudge names the ended row: a worker of the previous release, which claims
-        # the row its message names, finds it taken and stops.
-        enqueue.publish(enqueue.RUN_EXECUTION, execution_id)
+        # the row its message names, finds it taken and stops. A late result replacing
+        # the sweep's verdict takes back one more than the sweep did for that row: a
+        # spare nudge, which parks again if nothing can run.
+        enqueue.enqueue_execution_on_commit(execution_id)
     return recorded
 
 
@@ -114,7 +116,9 @@ def _finish_in_one_statement(rows, values: dict, execution_id: str) -> tuple[boo
     if notify.available():
         wake, wake_params = ", (SELECT pg_notify(%s, %s) FROM done)", [notify.CHANNEL, str(execution_id)]
     sql = FINISH_SQL.format(update=update_sql, turn=turn, wake=wake)
-    with connection.cursor() as cursor:
+    # As QuerySet.update does: an error inside an outer atomic block marks it for
+    # rollback, so nothing goes on using a transaction the database has aborted.
+    with transaction.mark_for_rollback_on_error(using=rows.db), connection.cursor() as cursor:
         cursor.execute(sql, [*params, *wake_params])
         recorded, released = cursor.fetchone()[:2]
     return bool(recorded), bool(released)

@@ -153,7 +153,7 @@ def _wait(
     cancel_sent = False
     stats.reads = 0
     if woken is not None and registered_first:
-        woken.wait(SAFETY_POLL_S if pickup_wait_s is None else min(SAFETY_POLL_S, pickup_wait_s))
+        woken.wait(min([SAFETY_POLL_S, *(s for s in (wait_s, pickup_wait_s) if s is not None)]))
     while True:
         row = Execution.objects.get(pk=execution_id)
         stats.reads += 1

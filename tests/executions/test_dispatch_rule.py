@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+import controlplane.dispatch
 from controlplane.executions import actions, dispatch, enqueue
 from controlplane.executions.models import DispatchTurn, Execution
 from controlplane.owners.errors import QueueWaitExceeded
@@ -146,30 +147,39 @@ def test_work_of_a_deleted_owner_still_runs_with_weight_1():
     assert _order(4) == ["gone", "kept", "gone", "kept"]
 
 
-def test_an_execution_that_ends_takes_back_one_parked_nudge_and_sends_it_once(monkeypatch):
-    sent = []
-    monkeypatch.setattr(enqueue, "publish", lambda name, *args: sent.append((name, *args)))
+def _sent_nudges(monkeypatch) -> list[tuple]:
+    sent: list[tuple] = []
+    monkeypatch.setattr(controlplane.dispatch, "publish", lambda name, *args: sent.append((name, *args)))
+    return sent
+
+
+def test_an_execution_that_ends_takes_back_one_parked_nudge_and_sends_it_once(
+    monkeypatch, django_capture_on_commit_callbacks
+):
+    sent = _sent_nudges(monkeypatch)
     Owner.objects.create(name="capped", max_active=1)
     first, _second = _queue("capped", 2)
     assert _claim() == first
     assert _claim() is None  # capped is at its cap: the nudge is parked
     assert DispatchTurn.objects.get().parked == 1
     done = Outcome("succeeded", exit_code=0, stdout="0\n", duration_ms=3, host_id="h1")
-    assert actions.finish(first, done) is True
+    with django_capture_on_commit_callbacks(execute=True):
+        assert actions.finish(first, done) is True
     assert DispatchTurn.objects.get().parked == 0
     assert sent == [(enqueue.RUN_EXECUTION, first)]
     row = Execution.objects.get(pk=first)
     assert (row.status, row.stdout, row.duration_ms, row.host_id, row.attempts) == ("succeeded", "0\n", 3, "h1", 1)
-    assert actions.finish(first, done) is False  # recorded once; nothing taken back twice
+    with django_capture_on_commit_callbacks(execute=True):
+        assert actions.finish(first, done) is False  # recorded once; nothing taken back twice
     assert sent == [(enqueue.RUN_EXECUTION, first)]
 
 
-def test_an_execution_that_ends_with_nothing_parked_sends_no_nudge(monkeypatch):
-    sent = []
-    monkeypatch.setattr(enqueue, "publish", lambda name, *args: sent.append((name, *args)))
+def test_an_execution_that_ends_with_nothing_parked_sends_no_nudge(monkeypatch, django_capture_on_commit_callbacks):
+    sent = _sent_nudges(monkeypatch)
     Owner.objects.create(name="solo")
     (only,) = _queue("solo", 1)
     assert _claim() == only
-    assert actions.finish(only, Outcome("failed", exit_code=1, stderr="bad\x00byte")) is True
+    with django_capture_on_commit_callbacks(execute=True):
+        assert actions.finish(only, Outcome("failed", exit_code=1, stderr="bad\x00byte")) is True
     assert sent == []
     assert Execution.objects.get(pk=only).stderr == "bad\x00byte"  # the field's own conversion applied

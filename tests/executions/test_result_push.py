@@ -38,3 +38,26 @@ def test_a_result_whose_notification_never_comes_is_found_by_the_safety_net(sand
             result = api.execute("print('quietly')", owner="push-test", timeout_s=10)
     assert (result.status, result.stdout) == ("succeeded", "quietly\n")
     assert not api.stats.last_woken_by_notification
+
+
+def test_the_statement_that_stores_a_result_announces_it_only_when_announcing_is_on(settings):
+    import psycopg
+
+    from controlplane import pgnotify
+    from controlplane.executions import actions, dispatch
+    from controlplane.pool.outcome import Outcome
+
+    def running() -> str:
+        actions.create("print(1)", owner="push-test", timeout_s=5, memory_mb=64)
+        return dispatch.claim_next("test").id
+
+    done = Outcome("succeeded", exit_code=0, stdout="1\n", duration_ms=1, host_id="h")
+    with psycopg.connect(autocommit=True, **pgnotify.connect_params()) as listening:
+        listening.execute(f"LISTEN {notify.CHANNEL}")
+        announced = running()
+        assert actions.finish(announced, done)
+        assert [n.payload for n in listening.notifies(timeout=5, stop_after=1)] == [announced]
+        settings.EXECUTION_RESULT_NOTIFY = False
+        quiet = running()
+        assert actions.finish(quiet, done)
+        assert [n.payload for n in listening.notifies(timeout=1)] == []
