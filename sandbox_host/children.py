@@ -101,10 +101,21 @@ class Child:
     the ceilings it was started under."""
 
     def __init__(
-        self, code: str | None, limits: Limits, *, isolation: Isolation, uid: int | None, slot: int = -1
+        self,
+        code: str | None,
+        limits: Limits,
+        *,
+        isolation: Isolation,
+        uid: int | None,
+        slot: int = -1,
+        group_memory_mb: int | None = None,
     ) -> None:
         self.code = code
         self.limits = limits
+        # The memory bound its control groups start with: its limits' by default; a
+        # prepared child's may be the size the next execution most likely asks for, so
+        # ``deliver`` need not rewrite it (reserve.py).
+        self.group_memory_mb = limits.memory_mb if group_memory_mb is None else group_memory_mb
         self.isolation = isolation
         self.uid = uid
         self.slot = slot
@@ -255,7 +266,7 @@ class Child:
             return []
         return self.isolation.cgroups.create(
             self.cgroup,
-            memory_bytes=self.limits.memory_mb * 1024 * 1024,
+            memory_bytes=self.group_memory_mb * 1024 * 1024,
             max_processes=self.limits.max_processes,
             cpus=defaults.DEFAULT_EXECUTION_CPUS,
         )
@@ -269,8 +280,17 @@ class Child:
         feed, self._feed = self._feed, None
         try:
             if self.cgroup:
-                self.isolation.cgroups.set_memory(self.cgroup, limits.memory_mb * 1024 * 1024)
-                for pid in self.isolation.cgroups.members(self.cgroup):
+                if limits.memory_mb != self.group_memory_mb:
+                    self.isolation.cgroups.set_memory(self.cgroup, limits.memory_mb * 1024 * 1024)
+                    self.group_memory_mb = limits.memory_mb
+                # Out of the reserve's low priority. A template's child is one process
+                # until its code runs; bubblewrap's sandbox is several.
+                waiting = (
+                    [self.proc.pid]
+                    if isinstance(self.proc, TemplateProcess)
+                    else self.isolation.cgroups.members(self.cgroup)
+                )
+                for pid in waiting:
                     with contextlib.suppress(ProcessLookupError):
                         os.setpriority(os.PRIO_PROCESS, pid, 0)
             # The file first: the code must be there before it runs.

@@ -48,6 +48,9 @@ class Reserve:
         self._return_slot = return_slot
         self._cond = threading.Condition()
         self._ready: list[Child] = []
+        # The memory the last execution asked for: the next prepared sandboxes' groups
+        # start at it, so one asking the same (most do) costs no rewrite at delivery.
+        self._expected_memory_mb = max_memory_mb
         self._closed = False
         self._thread = threading.Thread(target=self._refill, name="reserve", daemon=True)
         self._thread.start()
@@ -58,6 +61,7 @@ class Reserve:
         if limits.memory_mb > self.ceilings.memory_mb or limits.timeout_ms > self.ceilings.timeout_ms:
             return None
         with self._cond:
+            self._expected_memory_mb = limits.memory_mb
             return self._ready.pop(0) if self._ready else None
 
     def replenish(self) -> None:
@@ -123,7 +127,14 @@ class Reserve:
         slot = self._take_slot()
         if slot is None:
             return None
-        child = Child(None, self.ceilings, isolation=self.isolation, uid=self.isolation.uid_for(slot), slot=slot)
+        child = Child(
+            None,
+            self.ceilings,
+            isolation=self.isolation,
+            uid=self.isolation.uid_for(slot),
+            slot=slot,
+            group_memory_mb=self._expected_memory_mb,
+        )
         try:
             child.start()
         except ChildError as exc:

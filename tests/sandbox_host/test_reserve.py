@@ -100,6 +100,80 @@ def test_limits_are_lowered_to_the_executions_own(host):
     wait_until(lambda: prepared_starts(host) - before == 2, timeout=5, what="both to have run prepared")
 
 
+def group_memory_limit(pid: int) -> int:
+    """The memory bound of ``pid``'s control group, from the host's side."""
+    with open(f"/proc/{pid}/cgroup") as fh:
+        for line in fh:
+            _, controllers, path = line.strip().split(":", 2)
+            if "memory" in controllers.split(","):  # cgroup v1
+                with open(f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes") as limit:
+                    return int(limit.read())
+            if controllers == "" and os.path.exists(f"/sys/fs/cgroup{path}/memory.max"):  # cgroup v2
+                with open(f"/sys/fs/cgroup{path}/memory.max") as limit:
+                    return int(limit.read())
+    raise AssertionError(f"no memory group for {pid}")
+
+
+def test_a_sandbox_is_prepared_at_the_memory_the_last_execution_asked_for(host):
+    ws = connect(host.url, TOKEN)
+    try:
+        asked = execute(ws, "print(1)", memory_mb=96)
+    finally:
+        ws.close()
+    assert asked.status == "succeeded"
+    # The sandbox made after it waits in groups bounded as the next one most likely asks.
+    wait_until(
+        lambda: 96 * 1024 * 1024 in {group_memory_limit(pid) for pid in waiting_sandboxes(host)},
+        timeout=20,
+        what="a sandbox prepared at 96 MiB",
+    )
+
+
+def test_a_prepared_sandbox_runs_at_normal_priority_whatever_it_waited_at(host):
+    wait_until(lambda: len(waiting_sandboxes(host)) >= 1, timeout=20, what="the reserve to fill")
+    before = prepared_starts(host)
+    ws = connect(host.url, TOKEN)
+    try:
+        result = execute(ws, "import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))")
+    finally:
+        ws.close()
+    assert (result.status, result.stdout) == ("succeeded", "0\n")
+    wait_until(lambda: prepared_starts(host) - before == 1, timeout=5, what="it to have run prepared")
+
+
+def test_delivery_bounds_the_groups_memory_by_the_executions_own():
+    """Its groups may have started at another size (the last execution's): delivery
+    rewrites the bound when the sizes differ. Real children in this process."""
+    from sandbox_host import isolation, uids
+    from sandbox_host.children import Child, Limits
+
+    def bound(child: Child) -> int:
+        for controller, path in child.isolation.cgroups.paths(child.cgroup).items():
+            name = "memory.max" if controller == "unified" else "memory.limit_in_bytes"
+            if controller in ("unified", "memory"):
+                with open(os.path.join(path, name)) as fh:
+                    return int(fh.read())
+        raise AssertionError("no memory group")
+
+    base, lock_fd = uids.claim(1)
+    try:
+        contained = isolation.build(isolation.FULL, uid_base=base)
+        ceilings = Limits(timeout_ms=60_000, memory_mb=1024)
+        for started_mb, asked_mb in ((96, 160), (160, 160), (160, 64)):
+            child = Child(None, ceilings, isolation=contained, uid=base, group_memory_mb=started_mb)
+            child.start()
+            try:
+                assert bound(child) == started_mb * 1024 * 1024
+                child.deliver("print('ran')", Limits(timeout_ms=10_000, memory_mb=asked_mb))
+                assert bound(child) == asked_mb * 1024 * 1024
+                assert child.wait().stdout == "ran\n"
+            finally:
+                child.kill()
+                child.cleanup()
+    finally:
+        os.close(lock_fd)
+
+
 @pytest.mark.parametrize("source", list(SOURCES))
 def test_a_sandbox_that_died_waiting_costs_no_execution(shared_dir, source):
     marker = shared_dir / "ran.txt"
