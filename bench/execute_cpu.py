@@ -1,0 +1,100 @@
+"""P2 in rounds, and where its CPU goes: rounds of ``--n`` plain Celery tasks then ``--n``
+``execute()`` calls, back to back on a real host and worker (the same calls as
+``bench/run.py``'s P2 rows), each round's p50 and ratio printed; then, over one more
+batch of ``execute()`` calls, the CPU time each process used per execution (the
+caller, the worker, the host, the warm template and its reaped children, PostgreSQL's
+backends), read from ``/proc``. For comparing a change against ``main`` on a noisy
+machine, where one run of the full table is not enough. One command:
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/holdfast_bench \\
+    CELERY_BROKER_URL=redis://127.0.0.1:6379/11 \\
+    .venv/bin/python bench/execute_cpu.py --rounds 3 --n 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import run
+from holdfast_devtools import processes
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks() -> dict[int, tuple[str, int, int]]:
+    """Every process: its command line, its own CPU ticks, its reaped children's."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        label = argv[:70] or stat[stat.index("(") + 1 : stat.rindex(")")]
+        found[int(name)] = (label, int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--n", type=int, default=40, help="calls of each kind per round")
+    args = parser.parse_args()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+    from bench.tasks import plain_task
+    from controlplane.executions.tasks import run_execution
+    from controlplane.owners.actions import ensure
+
+    ensure("bench")
+    token = secrets.token_urlsafe(32)
+    host = processes.start_host(token, host_id="bench")
+    try:
+        time.sleep(0.5)
+        env = {"HOLDFAST_SANDBOX_URL": processes.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}
+        worker = processes.start_worker(
+            env, concurrency=4, name="bench-worker", extra_args=("--include", "bench.tasks")
+        )
+        try:
+            run.full_path(3, plain_task)
+            run.full_path(3, run_execution)
+            run.via_execute(3)
+            for _ in range(args.rounds):
+                plain = statistics.median(run.full_path(args.n, plain_task)) * 1000
+                pushed = statistics.median(run.via_execute(args.n)) * 1000
+                print(
+                    f"plain task {plain:.2f} ms p50, execute() {pushed:.2f} ms p50: {pushed / plain:.2f}x", flush=True
+                )
+            before = cpu_ticks()
+            run.via_execute(args.n * 5)
+            after = cpu_ticks()
+        finally:
+            worker.stop()
+    finally:
+        host.stop()
+    per_execution = 1000 / HZ / (args.n * 5)
+    rows = []
+    for pid, (label, own, reaped) in after.items():
+        if pid in before:
+            used_own, used_reaped = own - before[pid][1], reaped - before[pid][2]
+            if used_own + used_reaped > 2:
+                rows.append((used_own + used_reaped, pid, label, used_own, used_reaped))
+    print(f"\nCPU per execute() over {args.n * 5} back to back (ms; reaped: its children that ended)")
+    for _, pid, label, used_own, used_reaped in sorted(rows, reverse=True):
+        print(f"{pid:>7}  own {used_own * per_execution:6.2f}  reaped {used_reaped * per_execution:6.2f}  {label}")
+
+
+if __name__ == "__main__":
+    main()
