@@ -50,6 +50,11 @@ DEFAULT_RESERVE_SIZE = 4
 # above them get a fresh sandbox. The control plane's own maxima by default.
 DEFAULT_RESERVE_MAX_MEMORY_MB = 1024
 DEFAULT_RESERVE_MAX_TIMEOUT_MS = 300_000
+# A prepared sandbox's memory group starts at the size the last execution asked for
+# (reserve.py), but never below this: its interpreter and its setup need about 15 MiB,
+# and a client asking 1 MiB must not leave every next sandbox dying as it is prepared.
+# A smaller request has its bound set when its code arrives, as any other size does.
+DEFAULT_RESERVE_MIN_GROUP_MEMORY_MB = 64
 # Niceness of a sandbox while it is being prepared and waits (root hosts; restored to 0
 # when its execution arrives): starting the next one never slows the one running now.
 DEFAULT_RESERVE_NICE = 10

@@ -61,7 +61,7 @@ class Reserve:
         if limits.memory_mb > self.ceilings.memory_mb or limits.timeout_ms > self.ceilings.timeout_ms:
             return None
         with self._cond:
-            self._expected_memory_mb = limits.memory_mb
+            self._expected_memory_mb = max(limits.memory_mb, defaults.DEFAULT_RESERVE_MIN_GROUP_MEMORY_MB)
             return self._ready.pop(0) if self._ready else None
 
     def replenish(self) -> None:

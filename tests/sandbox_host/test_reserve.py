@@ -129,6 +129,25 @@ def test_a_sandbox_is_prepared_at_the_memory_the_last_execution_asked_for(host):
     )
 
 
+def test_a_tiny_memory_request_leaves_the_next_sandboxes_prepared_at_the_floor(host):
+    floor = defaults.DEFAULT_RESERVE_MIN_GROUP_MEMORY_MB * 1024 * 1024
+    ws = connect(host.url, TOKEN)
+    try:
+        tiny = execute(ws, "print(1)", memory_mb=1)  # the wire lets a client ask this
+        wait_until(
+            lambda: floor in {group_memory_limit(pid) for pid in waiting_sandboxes(host)},
+            timeout=20,
+            what="a sandbox prepared at the floor",
+        )
+        before = prepared_starts(host)
+        after = execute(ws, "print('still prepared')")
+    finally:
+        ws.close()
+    assert tiny.status == "failed"  # 1 MiB is too little for any interpreter
+    assert (after.status, after.stdout) == ("succeeded", "still prepared\n")
+    wait_until(lambda: prepared_starts(host) - before == 1, timeout=5, what="it to have run prepared")
+
+
 def test_a_prepared_sandbox_runs_at_normal_priority_whatever_it_waited_at(host):
     wait_until(lambda: len(waiting_sandboxes(host)) >= 1, timeout=20, what="the reserve to fill")
     before = prepared_starts(host)
