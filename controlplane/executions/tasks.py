@@ -187,8 +187,10 @@ def sweep_executions() -> dict[str, int]:
 def _cancel_check(execution_id: str):
     """The pool's cancel check for a claimed execution: its row, read at most every
     CANCEL_POLL_INTERVAL_S. The claim counts as the first look: a cancel made before it
-    cancelled the queued row outright, so none can be pending yet, and one made since
-    is seen within the interval, as one made a moment after the code was sent is."""
+    cancelled the queued row outright. One that raced it (it waited on the claim's row
+    lock, then found the row running) is seen within the interval, after the code was
+    sent, as one made a moment later is; an immediate read only narrowed that window,
+    at a read on every execution's path."""
     last = [time.monotonic()]
     seen = [False]
 
