@@ -88,18 +88,17 @@ def finish(execution_id: str, outcome: Outcome) -> bool:
         "attempts": F("attempts") + outcome.attempts,
         "finished_at": timezone.now(),
     }
-    if connection.vendor == "postgresql":
-        recorded, released = _finish_in_one_statement(rows, values, execution_id)
-    else:
+    # A late result replacing the sweep's verdict takes back one more parked nudge than
+    # the sweep did for that row: a spare, which parks again if nothing can run.
+    if connection.vendor != "postgresql":
         recorded = bool(rows.update(**values))
-        released = recorded and _release_parked()
         if recorded:
             notify.publish(execution_id)
+            resend_parked(execution_id)
+        return recorded
+    recorded, released = _finish_in_one_statement(rows, values, execution_id)
     if released:
-        # The nudge names the ended row: a worker of the previous release, which claims
-        # the row its message names, finds it taken and stops. A late result replacing
-        # the sweep's verdict takes back one more than the sweep did for that row: a
-        # spare nudge, which parks again if nothing can run.
+        # The nudge names the ended row, as resend_parked's do.
         enqueue.enqueue_execution_on_commit(execution_id)
     return recorded
 
@@ -122,17 +121,6 @@ def _finish_in_one_statement(rows, values: dict, execution_id: str) -> tuple[boo
         cursor.execute(sql, [*params, *wake_params])
         recorded, released = cursor.fetchone()[:2]
     return bool(recorded), bool(released)
-
-
-def _release_parked() -> bool:
-    """Best effort: a nudge not taken back now is sent by the sweep, which nudges for
-    every stale queued row."""
-    try:
-        return dispatch.release_parked()
-    except DatabaseError:
-        with contextlib.suppress(DatabaseError):
-            connection.close()  # a fresh connection for the next attempt
-        return False
 
 
 def request_cancel(execution_id: str) -> str:
