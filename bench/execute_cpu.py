@@ -1,9 +1,9 @@
 """P2 in rounds, and where its CPU goes: rounds of ``--n`` plain Celery tasks then ``--n``
 ``execute()`` calls, back to back on a real host and worker (the same calls as
 ``bench/run.py``'s P2 rows), each round's p50 and ratio printed; then, over one more
-batch of ``execute()`` calls, the CPU time each process used per execution (the
-caller, the worker, the host, the warm template and its reaped children, PostgreSQL's
-backends), read from ``/proc``. For comparing a change against ``main`` on a noisy
+batch of each kind, the CPU time each process used per call (the caller, the worker,
+the host, the warm template and its reaped children, PostgreSQL's backends), read from
+``/proc``. For comparing a change against ``main`` on a noisy
 machine, where one run of the full table is not enough. One command:
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/holdfast_bench \\
@@ -77,23 +77,34 @@ def main() -> None:
                 print(
                     f"plain task {plain:.2f} ms p50, execute() {pushed:.2f} ms p50: {pushed / plain:.2f}x", flush=True
                 )
-            before = cpu_ticks()
-            run.via_execute(args.n * 5)
-            after = cpu_ticks()
+            batch = args.n * 5
+            splits = {
+                "execute()": cpu_split(lambda: run.via_execute(batch)),
+                "the plain task": cpu_split(lambda: run.full_path(batch, plain_task)),
+            }
         finally:
             worker.stop()
     finally:
         host.stop()
-    per_execution = 1000 / HZ / (args.n * 5)
+    for what, rows in splits.items():
+        print(f"\nCPU per call of {what} over {batch} back to back (ms; reaped: its children that ended)")
+        for used_own, used_reaped, pid, label in rows:
+            print(f"{pid:>7}  own {used_own / batch:6.2f}  reaped {used_reaped / batch:6.2f}  {label}")
+
+
+def cpu_split(calls) -> list[tuple[float, float, int, str]]:
+    """The CPU milliseconds each process used while ``calls()`` ran (its own, and its
+    reaped children's), busiest first; processes that used next to none are left out."""
+    before = cpu_ticks()
+    calls()
+    after = cpu_ticks()
     rows = []
     for pid, (label, own, reaped) in after.items():
         if pid in before:
             used_own, used_reaped = own - before[pid][1], reaped - before[pid][2]
             if used_own + used_reaped > 2:
-                rows.append((used_own + used_reaped, pid, label, used_own, used_reaped))
-    print(f"\nCPU per execute() over {args.n * 5} back to back (ms; reaped: its children that ended)")
-    for _, pid, label, used_own, used_reaped in sorted(rows, reverse=True):
-        print(f"{pid:>7}  own {used_own * per_execution:6.2f}  reaped {used_reaped * per_execution:6.2f}  {label}")
+                rows.append((used_own * 1000 / HZ, used_reaped * 1000 / HZ, pid, label))
+    return sorted(rows, key=lambda row: row[0] + row[1], reverse=True)
 
 
 if __name__ == "__main__":
