@@ -171,7 +171,9 @@ def compile_filter(*, template: bool = False) -> bytes:
         flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
         flt.add_rule(deny, "personality", sc.Arg(0, sc.NE, PERSONALITY_QUERY))
         if template:
-            flt.add_rule(deny, "prctl", sc.Arg(0, sc.EQ, PR_SET_PDEATHSIG))
+            # prctl's option is an int: the kernel reads its low 32 bits only, so the
+            # rule must too, or PR_SET_PDEATHSIG | 1 << 32 passes it.
+            flt.add_rule(deny, "prctl", sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, PR_SET_PDEATHSIG))
         with tempfile.TemporaryFile() as fh:
             flt.export_bpf(fh)
             fh.flush()
