@@ -283,14 +283,9 @@ class Child:
                 if limits.memory_mb != self.group_memory_mb:
                     self.isolation.cgroups.set_memory(self.cgroup, limits.memory_mb * 1024 * 1024)
                     self.group_memory_mb = limits.memory_mb
-                # Out of the reserve's low priority. A template's child is one process
-                # until its code runs; bubblewrap's sandbox is several.
-                waiting = (
-                    [self.proc.pid]
-                    if isinstance(self.proc, TemplateProcess)
-                    else self.isolation.cgroups.members(self.cgroup)
-                )
-                for pid in waiting:
+                # Out of the reserve's low priority: the processes of its own group,
+                # never a pid that may have been reaped and handed to someone else.
+                for pid in self.isolation.cgroups.members(self.cgroup):
                     with contextlib.suppress(ProcessLookupError):
                         os.setpriority(os.PRIO_PROCESS, pid, 0)
             # The file first: the code must be there before it runs.
