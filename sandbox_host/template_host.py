@@ -264,13 +264,21 @@ class Template:
                 raise TemplateUnavailable(f"the warm template is gone: {exc.__class__.__name__}") from None
         if not message:
             raise TemplateUnavailable("the warm template is gone")
-        reply = json.loads(message)
-        if "pid" not in reply or len(got) != 1:
+        try:
+            reply = json.loads(message)
+            pid = int(reply["pid"]) if "pid" in reply and len(got) == 1 else None
+        except (ValueError, TypeError, KeyError):
+            reply, pid = None, None
+        if pid is None:
             for fd in got:
                 os.close(fd)
+            if not isinstance(reply, dict):
+                # Not its protocol: out of step, as after a failed request.
+                self._restart(sock)
+                raise TemplateUnavailable("the warm template answered something unreadable")
             raise TemplateUnavailable(f"the warm template refused: {reply.get('error', reply)}")
         os.set_inheritable(got[0], False)  # SCM_RIGHTS gives it without close-on-exec
-        return int(reply["pid"]), got[0]
+        return pid, got[0]
 
     def _restart(self, sock: socket.socket) -> None:
         """A request that timed out or failed midway leaves the protocol out of step:

@@ -355,3 +355,42 @@ def test_under_bubblewrap_the_code_may_still_set_its_own_parent_death_signal():
         """
         result = _run(bwrap_host, code)
     assert result.status == "succeeded" and result.stdout == "0\n", result
+
+
+@pytest.mark.parametrize("reply", [b"not json", b'["pid", 7]', b'{"pid": "seven"}'])
+def test_an_unreadable_answer_from_the_template_starts_nothing_and_leaks_no_descriptor(reply):
+    """A reply out of the template's protocol (a template out of step): the fork request
+    fails as the template being unavailable (the execution moves, nothing ran), and the
+    descriptor that came with it is closed. A template on the other end of a socket pair
+    in this process, to choose its answer."""
+    import socket
+
+    from sandbox_host import isolation, uids
+    from sandbox_host.template_host import Template, TemplateUnavailable
+
+    base, lock_fd = uids.claim(1)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        template = Template(isolation.build(isolation.FULL, uid_base=base))
+        template._sock = ours
+
+        def answer() -> None:
+            _, fds, _, _ = socket.recv_fds(theirs, 4096, 8)
+            read, write = os.pipe()
+            socket.send_fds(theirs, [reply], [read])
+            for fd in (*fds, read, write):
+                os.close(fd)
+
+        answering = threading.Thread(target=answer)
+        answering.start()
+        request_read, request_write = os.pipe()
+        before = set(os.listdir("/proc/self/fd"))
+        with pytest.raises(TemplateUnavailable, match=r"unreadable|refused"):
+            template.spawn({"uid": base}, [request_read])
+        answering.join(timeout=10)
+        assert set(os.listdir("/proc/self/fd")) <= before
+    finally:
+        for fd in (request_read, request_write, lock_fd):
+            os.close(fd)
+        ours.close()
+        theirs.close()
