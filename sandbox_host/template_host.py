@@ -99,20 +99,14 @@ class TemplateProcess:
         return self.returncode
 
     def kill(self) -> None:
-        """SIGKILL the child (by pidfd: exactly it, never a reused pid) and its process
-        group. It is its PID namespace's init: once it dies, so does everything in the
-        namespace."""
+        """SIGKILL the child by its pidfd: exactly it, never a reused pid. It is its PID
+        namespace's init: once it dies, so does everything in the namespace, so no
+        process group is signalled (by pid, which may be someone else's once reaped)."""
         with self._lock:
             if self.returncode is not None or self._pidfd < 0:
-                return  # ended: its pid and group may belong to someone else by now
-            try:
+                return  # ended: its pid may belong to someone else by now
+            with contextlib.suppress(ProcessLookupError):  # ended and reaped already
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                # Ended and reaped, its status not read yet: its pid (and group) may be
-                # someone else's already; its namespace died with it.
-                return
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
 
 
 class Template:
