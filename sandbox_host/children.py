@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from holdfast_wire.protocol import MAX_OUTPUT_BYTES, truncate_output
 
 from . import defaults, sandbox, seccomp_policy
+from .exec_wrapper import RLIMITS
 from .template_host import WAITER_PATH, TemplateProcess
 
 if TYPE_CHECKING:
@@ -231,7 +232,9 @@ class Child:
             request = {
                 "uid": self.uid,
                 "cgroups": joins,
-                "rlimits": self._rlimits(),
+                # By number: the template runs here, imports nothing of ours, and so
+                # keeps no second table of the names (exec_wrapper.RLIMITS).
+                "rlimits": [[RLIMITS[name], value] for name, value in self._rlimits().items()],
                 # Prepared ahead: at low priority until its execution arrives (as below).
                 "nice": defaults.DEFAULT_RESERVE_NICE if code is None and self.cgroup else 0,
                 "snippet": self._snippet,

@@ -319,17 +319,8 @@ def sandbox(
         os.chdir(config["scratch"])
         import resource
 
-        # exec_wrapper.RLIMITS's names: each is a program of its own, importing nothing of ours.
-        names = {
-            "cpu_s": resource.RLIMIT_CPU,
-            "as_bytes": resource.RLIMIT_AS,
-            "nproc": resource.RLIMIT_NPROC,
-            "fsize": resource.RLIMIT_FSIZE,
-            "nofile": resource.RLIMIT_NOFILE,
-            "core": resource.RLIMIT_CORE,
-        }
-        for name, value in request["rlimits"].items():
-            resource.setrlimit(names[name], (value, value))
+        for number, value in request["rlimits"]:  # [resource number, limit], from the host
+            resource.setrlimit(number, (value, value))
         drop_privileges(request["uid"], config)
         # The uid change cleared the parent-death signal (the kernel does so on any
         # credential change): take it again, and check the template did not die meanwhile.

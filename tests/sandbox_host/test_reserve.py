@@ -148,6 +148,27 @@ def test_a_tiny_memory_request_leaves_the_next_sandboxes_prepared_at_the_floor(h
     wait_until(lambda: prepared_starts(host) - before == 1, timeout=5, what="it to have run prepared")
 
 
+def test_a_prepared_sandbox_runs_under_the_host_s_rlimits(host):
+    code = (
+        "import resource\n"
+        "names = ('NOFILE', 'FSIZE', 'NPROC', 'CORE')\n"
+        "print([resource.getrlimit(getattr(resource, 'RLIMIT_' + n)) for n in names])"
+    )
+    ws = connect(host.url, TOKEN)
+    try:
+        result = execute(ws, code)
+    finally:
+        ws.close()
+    expected = [
+        defaults.DEFAULT_MAX_OPEN_FILES,
+        defaults.DEFAULT_MAX_FILE_BYTES,
+        defaults.DEFAULT_MAX_PROCESSES,
+        0,
+    ]
+    assert result.status == "succeeded", result
+    assert result.stdout == f"{[(limit, limit) for limit in expected]}\n"
+
+
 def test_a_prepared_sandbox_runs_at_normal_priority_whatever_it_waited_at(host):
     wait_until(lambda: len(waiting_sandboxes(host)) >= 1, timeout=20, what="the reserve to fill")
     before = prepared_starts(host)
