@@ -208,7 +208,10 @@ def start_worker(
 def busy_descendants(pid: int) -> list[int]:
     """``descendants`` less the sandboxes a host keeps prepared, waiting for code: a
     bubblewrap sandbox's waiter, and with the warm template (its process, idle between
-    forks, is not busy either) a child named ``holdfast-wait``."""
+    forks, is not busy either) a child named so while it waits."""
+    from sandbox_host.children import WAITER_INSIDE
+    from sandbox_host.template_host import WAITING_NAME
+
     found = descendants(pid)
 
     def read(child: int) -> tuple[list[bytes], str, int]:
@@ -223,10 +226,10 @@ def busy_descendants(pid: int) -> list[int]:
     for child in found:
         with contextlib.suppress(OSError, ValueError):
             info[child] = read(child)
-    waiting = {child for child, (_, comm, _) in info.items() if comm == "holdfast-wait"}
+    waiting = {child for child, (_, comm, _) in info.items() if comm == WAITING_NAME}
     busy = []
     for child, (argv, _, ppid) in info.items():
-        if b"/holdfast/waiter.py" in argv or child in waiting:
+        if WAITER_INSIDE.encode() in argv or child in waiting:
             continue
         if b"holdfast-template" in argv and ppid == pid:
             continue  # the template itself

@@ -91,8 +91,6 @@ LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 # What bubblewrap keeps read-only inside a fresh /proc (its setup_newroot does the same).
 PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus")
-# The name a sandbox waiting for its code shows in /proc/<pid>/comm (tests find it so).
-WAITING_NAME = b"holdfast-wait"
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -338,6 +336,7 @@ def sandbox(
     # through a frame or the garbage collector.
     CHILDREN.clear()
     comm = config["comm"].encode()
+    waiting_name = config["waiting_name"].encode()
     config.clear()
     request.clear()
     # What ``python -I`` does at start-up and ``-S`` skipped here: sys.path as a fresh
@@ -345,7 +344,7 @@ def sandbox(
     import site
 
     site.main()
-    set_name(WAITING_NAME)
+    set_name(waiting_name)
     for name in [name for name in sys.modules if name == "__main__" or name.startswith("holdfast")]:
         del sys.modules[name]
 

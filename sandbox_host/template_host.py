@@ -163,6 +163,7 @@ class Template:
             "shared_dir": self.isolation.shared_dir,
             "env": sandbox.EXECUTION_ENV,
             "comm": os.path.basename(self.isolation.python),
+            "waiting_name": WAITING_NAME,
         }
 
     def _launch(self) -> tuple[subprocess.Popen[bytes], socket.socket]:
