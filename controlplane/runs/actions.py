@@ -190,7 +190,7 @@ def append_events(run_id: object, batch_key: str, events: list[EventIn]) -> tupl
             RunEventBatch.objects.create(
                 run=run, batch_key=batch_key, first_seq=first_seq, count=len(events), events_sha256=batch_sha256
             )
-            _announce_events(run)
+        _announce_events(run)  # the batch, or the truncation mark
     if truncated:
         # Raised after the commit, so the events_truncated event and the mark stay.
         raise EventsTruncated()
@@ -218,7 +218,6 @@ def _truncate_events(run: Run, seq: int, data: dict) -> None:
     now = timezone.now()
     RunEvent.objects.create(run=run, seq=seq, type=EVENTS_TRUNCATED, data=data, ts=now)
     Run.objects.filter(pk=run.pk).update(events_truncated_at=now)
-    _announce_events(run)
     logger.warning(
         "run_events_truncated", extra=fields(run_id=run.pk, reason=data["reason"], events_stored=data["events_stored"])
     )
