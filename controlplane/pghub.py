@@ -92,12 +92,17 @@ class Hub:
             await asyncio.sleep(LISTENER_RETRY_S)
 
     async def close(self) -> None:
-        """Stop listening (a test's event loop ending before its database is dropped)."""
+        """Stop listening (a test's event loop ending before its database is dropped) and
+        leave the registry: a later loop, even one that reuses this loop's id, gets a hub
+        of its own rather than this one, which would call itself available."""
+        for key in [key for key, found in _hubs.items() if found is self]:
+            del _hubs[key]
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._listening.clear()
 
 
 _hubs: dict[tuple[int, str], Hub] = {}

@@ -13,7 +13,7 @@ Rules (docs/api.md, "Streaming events"):
   none lost (seqs are gapless per run: runs/models.py).
 - New events are announced: the transaction that stores them NOTIFYs the run's id
   (``runs.actions.EVENTS_CHANNEL``), and a stream parked on it (``controlplane/pghub.py``,
-  one LISTEN connection per process) reads them when woken, and every
+  one LISTEN connection per channel and process) reads them when woken, and every
   ``API_SSE_SAFETY_POLL_S`` in case a notification went missing. Without one (SQLite,
   the listener reconnecting) it reads every ``API_SSE_POLL_S``.
 - A stream ends with an ``end`` message once the run has ended and every event was
