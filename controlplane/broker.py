@@ -38,6 +38,14 @@ def message_stamp(at: float | None = None) -> str:
     return f"{round((time() if at is None else at) * 1000):0{STAMP_WIDTH}d}"
 
 
+def put_order(name: str) -> tuple[bool, int, str]:
+    """A message file's place in the queue. Names an earlier release gave (an unpadded
+    stamp, in its own numbers) come first, so a deploy does not leave what was queued
+    before it behind everything queued after."""
+    stamp = name.partition("_")[0]
+    return len(stamp) == STAMP_WIDTH, int(stamp) if stamp.isdigit() else -1, name
+
+
 class Channel(filesystem.Channel):
     def _put(self, queue, payload, **kwargs):
         name = f"{message_stamp()}_{uuid.uuid4()}.{queue}.msg"
@@ -55,7 +63,7 @@ class Channel(filesystem.Channel):
     def _get(self, queue):
         wanted = f"{queue}.msg"
         claimed_dir = self.processed_folder
-        for name in sorted(os.listdir(self.data_folder_in)):
+        for name in sorted(os.listdir(self.data_folder_in), key=put_order):
             if name.partition(".")[2] != wanted:
                 continue  # another queue's, or a message still being written
             claimed = os.path.join(claimed_dir, name)

@@ -66,6 +66,26 @@ def test_messages_are_taken_in_the_order_they_were_put(tmp_path, monkeypatch):
     assert taken == [0, 1, 2]
 
 
+def test_messages_an_earlier_release_queued_are_taken_first_in_their_own_order(tmp_path, monkeypatch):
+    with _connection(tmp_path) as conn:
+        queue = conn.SimpleQueue(QUEUE)
+        for n in range(3):
+            monkeypatch.setattr(broker, "time", lambda n=n: 1.0 + n)  # one stamp each
+            queue.put(n)
+        folder = tmp_path / "queue"
+        names = sorted(os.listdir(folder))  # put order
+        # The first two as the release before named them: an unpadded monotonic stamp.
+        for name, old in zip(names[:2], ("1000", "999"), strict=True):
+            os.rename(folder / name, folder / (old + name[len(message_stamp(0)) :]))
+        taken = []
+        for _ in range(3):
+            message = queue.get(timeout=2)
+            taken.append(message.payload)
+            message.ack()
+        queue.close()
+    assert taken == [1, 0, 2]
+
+
 def test_a_message_still_being_written_is_not_consumed(tmp_path):
     with _connection(tmp_path) as conn:
         queue = conn.SimpleQueue(QUEUE)
