@@ -27,10 +27,17 @@ log = logging.getLogger("holdfast.executions")
 
 # finish() on PostgreSQL (_finish_in_one_statement). Only the ORM's own UPDATE and a
 # quoted table name are put in; every value is a parameter.
+#
+# The turn row is locked whether or not a nudge is parked, and the release reads the
+# count from that lock, not from the statement's snapshot. A claim parks under the same
+# lock: one that holds it now is waited for and its park is seen; one that comes after
+# waits for this commit and sees the slot free. Without it, a claim parking while this
+# statement commits left a nudge parked beside a free slot until the sweep.
 FINISH_SQL = (
     "WITH done AS ({update} RETURNING 1), "
-    "released AS (UPDATE {turn} SET parked = parked - 1 "
-    "WHERE id = 1 AND parked > 0 AND EXISTS (SELECT 1 FROM done) RETURNING 1) "
+    "turn_now AS (SELECT id, parked FROM {turn} WHERE id = 1 AND EXISTS (SELECT 1 FROM done) FOR UPDATE), "
+    "released AS (UPDATE {turn} t SET parked = n.parked - 1 "
+    "FROM turn_now n WHERE t.id = n.id AND n.parked > 0 RETURNING 1) "
     "SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released){wake}"
 )
 

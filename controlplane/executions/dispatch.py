@@ -207,5 +207,14 @@ def _max_active(owner: Owner | None) -> int:
 
 def release_parked() -> bool:
     """Take back one parked nudge, if any; the caller sends it again. Called when an
-    execution ends, which may bring its owner back under its active cap."""
-    return bool(DispatchTurn.objects.filter(pk=1, parked__gt=0).update(parked=F("parked") - 1))
+    execution ends, which may bring its owner back under its active cap.
+
+    Under the turn lock, as the claim parks: a claim parking now is waited for and its
+    nudge is seen (a plain ``parked > 0`` update would read the count from before it and
+    leave that nudge parked beside the slot just freed)."""
+    with transaction.atomic():
+        turn = DispatchTurn.objects.select_for_update().filter(pk=1).only("parked").first()
+        if turn is None or turn.parked <= 0:
+            return False
+        DispatchTurn.objects.filter(pk=1).update(parked=F("parked") - 1)
+        return True
