@@ -28,12 +28,16 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Q
 
+from controlplane.logthrottle import Throttled
 from controlplane.owners.actions import caps
 from controlplane.owners.errors import AtCapacity, OwnerDisabled, OwnerLimit, UnknownOwner
 from controlplane.owners.models import Owner
-from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.owners")
+# A full deployment refuses every submit: one line per interval says so, with how many
+# refusals it stands for, instead of a line per refusal growing with the flood.
+AT_CAPACITY_LOG_EVERY_S = 10.0
+at_capacity_log = Throttled(log, "at_capacity", AT_CAPACITY_LOG_EVERY_S)
 
 
 def _locked_owner(name: str) -> Owner:
@@ -66,7 +70,7 @@ def admit_execution(name: str) -> Owner:
     if total >= settings.EXECUTION_MAX_QUEUED_TOTAL:
         # Every owner's work together: the count is the operators', not the caller's to
         # read (the message goes to whichever owner asked), so it goes to the log.
-        log.warning("at_capacity", extra=fields(queued=total, cap=settings.EXECUTION_MAX_QUEUED_TOTAL))
+        at_capacity_log.warning(queued=total, cap=settings.EXECUTION_MAX_QUEUED_TOTAL)
         raise AtCapacity()
     return owner
 

@@ -23,6 +23,7 @@ from controlplane.owners import admission
 from controlplane.owners.errors import AtCapacity, OwnerDisabled, OwnerLimit, UnknownOwner
 from controlplane.owners.models import Owner
 from controlplane.runs import actions as runs
+from holdfast_wire.logfmt import FIELDS_ATTR
 from tests.timing import scaled
 
 pytestmark = pytest.mark.django_db
@@ -124,6 +125,26 @@ def test_a_full_deployment_refuses_everyone_with_at_capacity(settings):
     assert "5" not in str(refused.value)  # every owner's count together is not this owner's to read
     Execution.objects.filter(owner="big")[:1].get().delete()
     submit("print(1)", owner="late")
+
+
+def test_a_flood_refused_at_capacity_logs_one_line_per_interval_with_the_count_left_out(settings, caplog, monkeypatch):
+    settings.EXECUTION_MAX_QUEUED_TOTAL = 2
+    Owner.objects.create(name="big")
+    _rows("big", "queued", 2)
+    monkeypatch.setattr(admission, "at_capacity_log", admission.Throttled(admission.log, "at_capacity", 3600))
+
+    def refuse(n: int) -> list[dict]:
+        caplog.clear()
+        for _ in range(n):
+            with pytest.raises(AtCapacity):
+                submit("print(1)", owner="big")
+        return [getattr(r, FIELDS_ATTR) for r in caplog.records if r.getMessage() == "at_capacity"]
+
+    (first,) = refuse(50)
+    assert (first["queued"], first["cap"], first["left_out"]) == (2, 2, 0)
+    admission.at_capacity_log._next = 0.0  # the interval has passed
+    (second,) = refuse(1)
+    assert second["left_out"] == 49
 
 
 @pytest.mark.django_db(transaction=True)
