@@ -81,8 +81,13 @@ class Hub:
                     self._listening.set()
                     # Anything committed before LISTEN took effect is re-read by its waiter.
                     self._wake(None)
-                    async for note in conn.notifies():
-                        self._wake(note.payload)
+                    while True:
+                        heard = False
+                        async for note in conn.notifies(timeout=pgnotify.LISTEN_PING_S):
+                            heard = True
+                            self._wake(note.payload)
+                        if not heard:
+                            await pgnotify.ping_async(conn)  # quiet, or dead? (pgnotify.py)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure of the listener: reconnect, never crash waiters

@@ -5,9 +5,24 @@ slow poll for a notification that never comes."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
 from django.db import connections
 
 ALIAS = "default"
+# A LISTEN connection says nothing while nothing happens, so a dead one (a server gone
+# without a word, a stalled proxy, a dropped NAT entry) looks like a quiet one, and its
+# waiters would wait out their slow polls for as long as the process lives. A listener
+# quiet for LISTEN_PING_S asks the server a ``SELECT 1``; with no answer within
+# LISTEN_PING_TIMEOUT_S the connection is cut and the listener connects again. Waiters
+# poll meanwhile, so these bound how long results arrive late, never whether they do.
+LISTEN_PING_S = 10.0
+LISTEN_PING_TIMEOUT_S = 5.0
 
 
 def enabled() -> bool:
@@ -27,3 +42,43 @@ def connect_params() -> dict:
     only Django's cursors use."""
     params = connections[ALIAS].get_connection_params()
     return {k: v for k, v in params.items() if k not in ("cursor_factory", "context") and v is not None}
+
+
+def ping(conn) -> None:
+    """``SELECT 1`` on a listener's (psycopg) connection; raises if no answer comes
+    within LISTEN_PING_TIMEOUT_S: the connection is cut, and the caller reconnects."""
+    with _cutter(conn) as cut:
+        timer = threading.Timer(LISTEN_PING_TIMEOUT_S, cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            conn.execute("SELECT 1")
+        finally:
+            timer.cancel()
+
+
+async def ping_async(conn) -> None:
+    """``ping`` for an asyncio listener's connection."""
+    with _cutter(conn) as cut:
+        timer = asyncio.get_running_loop().call_later(LISTEN_PING_TIMEOUT_S, cut)
+        try:
+            await conn.execute("SELECT 1")
+        finally:
+            timer.cancel()
+
+
+@contextlib.contextmanager
+def _cutter(conn) -> Iterator[Callable[[], None]]:
+    """A function that shuts ``conn``'s socket down both ways: a call blocked on it
+    sees the connection end, as on a server that closed it. Through a duplicate of the
+    descriptor, which stays ours to close whatever psycopg does with its own."""
+    sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+
+    def cut() -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    try:
+        yield cut
+    finally:
+        sock.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.conf import settings
 
@@ -97,11 +98,16 @@ class Listener:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._ready.set()
                     failures = 0
+                    heard = time.monotonic()
                     while not self._stop.is_set():
                         # Wakes at least every second to see whether it must stop.
                         for note in conn.notifies(timeout=1.0):
+                            heard = time.monotonic()
                             self.notifications += 1
                             self._wake(note.payload)
+                        if time.monotonic() - heard >= pgnotify.LISTEN_PING_S:
+                            pgnotify.ping(conn)  # quiet, or dead? (pgnotify.py)
+                            heard = time.monotonic()
             except Exception as exc:
                 self._ready.clear()
                 delay = backoff.delay(failures, first_s=LISTEN_RETRY_FIRST_S, max_s=LISTEN_RETRY_MAX_S)

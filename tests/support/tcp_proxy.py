@@ -1,7 +1,9 @@
 """A real TCP proxy for outage tests: it forwards bytes both ways until told to refuse,
 then cuts every connection it carries and closes its listening socket, so a client's
 next connect is refused by the kernel (ECONNREFUSED), as a database host that went
-away is. ``restore`` listens again on the same port.
+away is. ``restore`` listens again on the same port. ``stall`` leaves the connections
+it carries open but forwards nothing more on them, both ways (a server or a network
+gone silent, with no reset), while new connections are carried as before.
 
     with TcpProxy(("127.0.0.1", 5432)) as proxy:
         ... clients dial proxy.port ...
@@ -24,6 +26,8 @@ class TcpProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.refused_since: float | None = None
+        self.accepted = 0
+        self._stalled: set[socket.socket] = set()
         self._start_accepting()
 
     def _start_accepting(self) -> None:
@@ -45,13 +49,17 @@ class TcpProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._sockets.update((client, upstream))
+                self.accepted += 1
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                with self._lock:
+                    stalled = src in self._stalled
+                if not stalled:
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -63,6 +71,8 @@ class TcpProxy:
 
     def refuse(self) -> None:
         """Stop listening (new connects are refused) and cut every open connection."""
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone does not)
         self._listener.close()
         with self._lock:
             open_sockets = list(self._sockets)
@@ -71,6 +81,11 @@ class TcpProxy:
                 sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
+
+    def stall(self) -> None:
+        """Forward nothing more on the connections open now (they stay open)."""
+        with self._lock:
+            self._stalled.update(self._sockets)
 
     def restore(self) -> None:
         """Listen again on the same port."""
