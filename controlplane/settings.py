@@ -651,3 +651,6 @@ API_SSE_HEARTBEAT_S = env_float("HOLDFAST_API_SSE_HEARTBEAT_S", 15.0, minimum=1.
 # Retry-After, so a flood of streams cannot exhaust the process (each is a socket and a
 # poll loop).
 API_SSE_MAX_STREAMS = env_int("HOLDFAST_API_SSE_MAX_STREAMS", 1000, minimum=1)
+# Of those, the streams one owner may hold at once (429 owner_limit beyond): one owner's
+# flood of streams cannot take every slot of the process from the others.
+API_SSE_MAX_STREAMS_PER_OWNER = env_int("HOLDFAST_API_SSE_MAX_STREAMS_PER_OWNER", 100, minimum=1)

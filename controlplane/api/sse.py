@@ -22,6 +22,8 @@ Rules (docs/api.md, "Streaming events"):
   lets go within that bound. A quiet stream gets a comment every ``API_SSE_HEARTBEAT_S``
   so balancers do not cut it as idle.
 - At most ``API_SSE_MAX_STREAMS`` streams per process; beyond, 503 with Retry-After.
+  Of those, at most ``API_SSE_MAX_STREAMS_PER_OWNER`` for one owner; beyond, 429
+  ``owner_limit``, so one owner's flood leaves the others their streams.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ import asyncio
 import contextlib
 import json
 import re
+from typing import ClassVar
 from urllib.parse import parse_qs
 
 from django.conf import settings
 from django.http import HttpResponse
 
 from controlplane.asyncdb import in_executor
+from controlplane.owners.errors import StreamLimit
 from controlplane.pghub import hub
 from controlplane.runs.actions import EVENTS_CHANNEL
 from controlplane.runs.models import Run
@@ -106,7 +110,7 @@ def stream_route(scope: dict) -> str | None:
 def _open(authorization: str, client: str, run_id: str, last_event_id: str | None, after: str | None):
     owner = authenticate(authorization, client)
     run = owned(Run, run_id, owner)
-    return run.pk, cursor(last_event_id, after)
+    return owner.name, run.pk, cursor(last_event_id, after)
 
 
 def _page(run_pk, after: int) -> dict:
@@ -117,6 +121,7 @@ class _Streams:
     """Streams open in this process (one event loop per uvicorn worker process)."""
 
     open = 0
+    by_owner: ClassVar[dict[str, int]] = {}
 
 
 async def _send_response(send, response: HttpResponse) -> None:
@@ -145,7 +150,7 @@ async def handle(scope: dict, receive, send, run_id: str) -> None:
     _Streams.open += 1
     try:
         try:
-            run_pk, after = await in_executor(_open)(
+            owner, run_pk, after = await in_executor(_open)(
                 headers.get("authorization", ""),
                 client,
                 run_id,
@@ -158,14 +163,25 @@ async def handle(scope: dict, receive, send, run_id: str) -> None:
                 raise
             await _send_response(send, response)
             return
-        gone = asyncio.Event()
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, gone))
+        # Checked and counted with no await between, as the process's count.
+        held = _Streams.by_owner.get(owner, 0)
+        if held >= settings.API_SSE_MAX_STREAMS_PER_OWNER:
+            await _send_response(send, translate(StreamLimit(f"{held} open on this server")))
+            return
+        _Streams.by_owner[owner] = held + 1
         try:
-            await _stream(send, run_pk, after, gone)
+            gone = asyncio.Event()
+            watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, gone))
+            try:
+                await _stream(send, run_pk, after, gone)
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            left = _Streams.by_owner.pop(owner) - 1
+            if left:
+                _Streams.by_owner[owner] = left
     finally:
         _Streams.open -= 1
 

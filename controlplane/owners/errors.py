@@ -43,6 +43,12 @@ class OwnerLimit(Refused):
     text = "Too many concurrent code executions. Please wait for some to complete before running more."
 
 
+class StreamLimit(OwnerLimit):
+    """One owner holds its share of a web process's event streams."""
+
+    text = "Too many event streams open for this owner. Please close some before opening more."
+
+
 class AtCapacity(Refused):
     """The whole deployment is full, whoever asks."""
 

@@ -22,11 +22,16 @@ from .web import EventStream, post_and_drop, request, start_api_web
 pytestmark = pytest.mark.django_db(transaction=True)
 
 STREAMS_ALLOWED = 24
+STREAMS_PER_OWNER = 16
 
 
 @pytest.fixture(scope="module")
 def web(tmp_path_factory, django_db_setup):
-    env = {"HOLDFAST_API_SSE_POLL_S": "0.1", "HOLDFAST_API_SSE_MAX_STREAMS": str(STREAMS_ALLOWED)}
+    env = {
+        "HOLDFAST_API_SSE_POLL_S": "0.1",
+        "HOLDFAST_API_SSE_MAX_STREAMS": str(STREAMS_ALLOWED),
+        "HOLDFAST_API_SSE_MAX_STREAMS_PER_OWNER": str(STREAMS_PER_OWNER),
+    }
     with start_api_web(tmp_path_factory.mktemp("api-web"), **env) as process:
         yield process
 
@@ -143,23 +148,33 @@ def test_the_stream_refuses_like_every_route(web, who, status, code):
         assert answer_headers["www-authenticate"].startswith("Bearer")
 
 
-def test_streams_hold_no_thread_each_and_are_capped(web):
-    api = make_api("acme")
-    run_id = _running_run(api)
-    path = f"/api/v1/runs/{run_id}/events/stream"
+def test_streams_hold_no_thread_each_and_are_capped_per_owner_and_per_process(web):
+    api, other = make_api("acme"), make_api("globex")
+    path, other_path = (f"/api/v1/runs/{_running_run(a)}/events/stream" for a in (api, other))
     before = web.threads()
-    streams = [EventStream(web.port, path, _bearer(api)) for _ in range(STREAMS_ALLOWED)]
+    streams = [EventStream(web.port, path, _bearer(api)) for _ in range(STREAMS_PER_OWNER)]
     try:
+        # One owner's share is full: its next stream is refused, the other owner's are not.
+        status, headers, raw = request(web.port, "GET", path, headers=_bearer(api))
+        assert status == 429 and int(headers["retry-after"]) >= 1
+        assert _checked("GET", path, status, headers, raw)["error"]["code"] == "owner_limit"
+        streams += [
+            EventStream(web.port, other_path, _bearer(other)) for _ in range(STREAMS_ALLOWED - STREAMS_PER_OWNER)
+        ]
         assert all(s.status == 200 and s.next() == {"retry": "1000"} for s in streams)
         # Django's handler would hold a thread per open stream; here they share the
         # event loop and a small executor.
         assert web.threads() - before < STREAMS_ALLOWED // 2
-        status, headers, raw = request(web.port, "GET", path, headers=_bearer(api))
+        status, headers, raw = request(web.port, "GET", other_path, headers=_bearer(other))
         assert status == 503 and int(headers["retry-after"]) >= 1
-        assert _checked("GET", path, status, headers, raw)["error"]["code"] == "too_many_streams"
+        assert _checked("GET", other_path, status, headers, raw)["error"]["code"] == "too_many_streams"
     finally:
         for stream in streams:
             stream.close()
+    # A closed stream gives its owner's share back.
+    stream = EventStream(web.port, path, _bearer(api))
+    assert stream.status == 200
+    stream.close()
 
 
 def test_a_stream_ends_by_itself_after_its_bound(tmp_path):
