@@ -90,7 +90,7 @@ def finish(execution_id: str, outcome: Outcome) -> bool:
         "stdout": outcome.stdout,
         "stderr": outcome.stderr,
         "error": outcome.error,
-        "duration_ms": outcome.duration_ms or None,
+        "duration_ms": outcome.duration_ms,
         "host_id": outcome.host_id,
         "attempts": F("attempts") + outcome.attempts,
         "finished_at": timezone.now(),

@@ -49,7 +49,9 @@ class Outcome:
     exit_code: int | None = None
     stdout: str = ""
     stderr: str = ""
-    duration_ms: int = 0
+    # The host's measure of the run (0 for one under a millisecond); None where nothing
+    # was measured (never started, interrupted, refused).
+    duration_ms: int | None = None
     error: str = ""
     host_id: str = ""
     # Connections tried: 1 plus the moves of an execution that provably never ran.

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controlplane.executions import fields
+from controlplane.pool.outcome import Outcome
 from tests.support.host import start_host
 from tests.support.worker import start_worker
 from tests.timing import wait_until
@@ -85,3 +86,21 @@ def test_a_result_the_database_refuses_becomes_failed_with_a_clear_error(sandbox
     assert row.exit_code == 0
     assert row.error.startswith("The execution ran (succeeded) but the database refused its result")
     assert "too long" in row.error
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("outcome", "stored"),
+    [
+        (Outcome("succeeded", exit_code=0, stdout="1\n", duration_ms=0), 0),  # ran under a millisecond
+        (Outcome("succeeded", exit_code=0, stdout="1\n", duration_ms=12), 12),
+        (Outcome.system("interrupted", "lost"), None),  # nothing was measured
+    ],
+)
+def test_a_run_under_a_millisecond_has_a_duration_and_one_never_measured_has_none(outcome, stored):
+    from controlplane.executions import actions
+    from controlplane.executions.models import Execution
+
+    row = Execution.objects.create(owner="t", code="x", timeout_ms=1000, memory_mb=64, status="running")
+    assert actions.finish(str(row.pk), outcome)
+    assert Execution.objects.get(pk=row.pk).duration_ms == stored
