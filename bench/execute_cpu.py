@@ -9,6 +9,13 @@ machine, where one run of the full table is not enough. One command:
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/holdfast_bench \\
     CELERY_BROKER_URL=redis://127.0.0.1:6379/11 \\
     .venv/bin/python bench/execute_cpu.py --rounds 3 --n 40
+
+With ``--loop-seconds S`` it only calls ``execute()`` back to back for S seconds: a
+steady load to profile the whole machine under, with ``perf`` beside it:
+
+    .venv/bin/python bench/execute_cpu.py --loop-seconds 20 &
+    sleep 8; perf record -a -g -o /tmp/perf.data -- sleep 6
+    perf report -i /tmp/perf.data --no-children --sort comm -g none --stdio
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n", type=int, default=40, help="calls of each kind per round")
+    parser.add_argument("--loop-seconds", type=float, default=0.0, help="only execute(), back to back, this long")
     args = parser.parse_args()
     from django.core.management import call_command
 
@@ -71,6 +79,9 @@ def main() -> None:
             run.full_path(3, plain_task)
             run.full_path(3, run_execution)
             run.via_execute(3)
+            if args.loop_seconds:
+                loop(args.loop_seconds)
+                return
             for _ in range(args.rounds):
                 plain = statistics.median(run.full_path(args.n, plain_task)) * 1000
                 pushed = statistics.median(run.via_execute(args.n)) * 1000
@@ -90,6 +101,14 @@ def main() -> None:
         print(f"\nCPU per call of {what} over {batch} back to back (ms; reaped: its children that ended)")
         for used_own, used_reaped, pid, label in rows:
             print(f"{pid:>7}  own {used_own / batch:6.2f}  reaped {used_reaped / batch:6.2f}  {label}")
+
+
+def loop(seconds: float) -> None:
+    samples: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        samples += run.via_execute(20)
+    print(f"execute() back to back: {len(samples)} calls, p50 {statistics.median(samples) * 1000:.1f} ms")
 
 
 def cpu_split(calls) -> list[tuple[float, float, int, str]]:
