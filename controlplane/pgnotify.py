@@ -48,13 +48,26 @@ def ping(conn) -> None:
     """``SELECT 1`` on a listener's (psycopg) connection; raises if no answer comes
     within LISTEN_PING_TIMEOUT_S: the connection is cut, and the caller reconnects."""
     with _cutter(conn) as cut:
-        timer = threading.Timer(LISTEN_PING_TIMEOUT_S, cut)
+        lock = threading.Lock()
+        answered = False
+
+        def overdue() -> None:
+            with lock:
+                if not answered:
+                    cut()
+
+        timer = threading.Timer(LISTEN_PING_TIMEOUT_S, overdue)
         timer.daemon = True
         timer.start()
         try:
             conn.execute("SELECT 1")
         finally:
+            # A timer firing as the answer arrives cuts nothing, and is done before the
+            # duplicate descriptor is closed (its number could be reused at once).
+            with lock:
+                answered = True
             timer.cancel()
+            timer.join()
 
 
 async def ping_async(conn) -> None:

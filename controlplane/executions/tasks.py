@@ -131,6 +131,10 @@ def store_outcome(self, execution_id: str, outcome: dict, first_failed_at: float
     )
 
 
+def _fits_int4(value: object) -> bool:
+    return isinstance(value, int) and -(2**31) <= value < 2**31
+
+
 def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPTS) -> None:
     """Record the outcome, riding out a short database outage: the execution has run and
     must not be reported as interrupted because one write hit a locked database. Raises
@@ -151,8 +155,9 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
         refused = Outcome.system(
             "failed",
             texts.RESULT_NOT_STORABLE.format(status=outcome.status, error=first_line(exc)),
-            exit_code=outcome.exit_code,
-            duration_ms=outcome.duration_ms,
+            # Only what the columns surely hold: a number out of their range may be what
+            # the database refused, and would be refused again.
+            exit_code=outcome.exit_code if _fits_int4(outcome.exit_code) else None,
             attempts=outcome.attempts,
         )
         recorded = _with_db_patience(lambda: actions.finish(execution_id, refused), attempts=attempts)

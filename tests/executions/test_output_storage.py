@@ -104,3 +104,19 @@ def test_a_run_under_a_millisecond_has_a_duration_and_one_never_measured_has_non
     row = Execution.objects.create(owner="t", code="x", timeout_ms=1000, memory_mb=64, status="running")
     assert actions.finish(str(row.pk), outcome)
     assert Execution.objects.get(pk=row.pk).duration_ms == stored
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("exit_code", "duration_ms", "kept_exit_code"),
+    [(0, -5, 0), (2**40, 3, None), (1, 2**40, 1)],
+)
+def test_a_result_refused_for_a_number_out_of_range_is_stored_failed_without_it(exit_code, duration_ms, kept_exit_code):
+    from controlplane.executions import tasks
+    from controlplane.executions.models import Execution
+
+    row = Execution.objects.create(owner="t", code="x", timeout_ms=1000, memory_mb=64, status="running")
+    tasks._store(str(row.pk), Outcome("succeeded", exit_code=exit_code, duration_ms=duration_ms, host_id="h"))
+    row = Execution.objects.get(pk=row.pk)
+    assert (row.status, row.exit_code, row.duration_ms) == ("failed", kept_exit_code, None)
+    assert row.error.startswith("The execution ran (succeeded) but the database refused its result")
