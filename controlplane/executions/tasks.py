@@ -109,7 +109,7 @@ def store_outcome(self, execution_id: str, outcome: dict, first_failed_at: float
     duplicate delivery records nothing twice."""
     result = Outcome(**outcome)
     try:
-        _store(execution_id, result, attempts=1)
+        _store(execution_id, result, attempts=1, after_failure=True)
     except TRANSIENT_DB_ERRORS as exc:
         waited = time.time() - first_failed_at
         if waited > settings.EXECUTION_RESULT_STORE_PATIENCE_S:
@@ -135,7 +135,7 @@ def _fits_int4(value: object) -> bool:
     return isinstance(value, int) and -(2**31) <= value < 2**31
 
 
-def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPTS) -> None:
+def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPTS, after_failure: bool = False) -> None:
     """Record the outcome, riding out a short database outage: the execution has run and
     must not be reported as interrupted because one write hit a locked database. Raises
     a transient error when the database stays away (the caller spools the outcome).
@@ -143,9 +143,18 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
     A non-transient database error (the database refuses this result for good: a value
     it cannot hold) would fail the same way on every retry and leave the row ``running``
     until the sweep calls it interrupted. It becomes a ``failed`` outcome that names the
-    error instead, stored without the fields that may have caused it."""
+    error instead, stored without the fields that may have caused it.
+
+    ``after_failure``: an earlier attempt failed (the outcome was spooled), so it may
+    have committed with its reply lost, as a retry here may have."""
+    tries = [0]
+
+    def finish() -> bool:
+        tries[0] += 1
+        return actions.finish(execution_id, outcome)
+
     try:
-        recorded = _with_db_patience(lambda: actions.finish(execution_id, outcome), attempts=attempts)
+        recorded = _with_db_patience(finish, attempts=attempts)
     except TRANSIENT_DB_ERRORS:
         raise
     except DatabaseError as exc:
@@ -163,6 +172,12 @@ def _store(execution_id: str, outcome: Outcome, *, attempts: int = STORE_ATTEMPT
         recorded = _with_db_patience(lambda: actions.finish(execution_id, refused), attempts=attempts)
     if not recorded:
         log.warning("execution_result_not_recorded", extra=fields(execution_id=execution_id, reason="not_running"))
+        if after_failure or tries[0] > 1:
+            # An attempt whose reply was lost may have stored it and taken a parked
+            # nudge back that nobody sent. Sent now: a spare nudge dispatches at most
+            # one row that was queued anyway (dispatch.py), a lost one leaves a row
+            # queued beside a free slot until the sweep.
+            enqueue.publish(enqueue.RUN_EXECUTION, execution_id)
 
 
 def _drop_connection() -> None:

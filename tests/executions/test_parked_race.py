@@ -14,10 +14,10 @@ import threading
 import time
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import OperationalError, connection, connections, transaction
 
 import controlplane.dispatch
-from controlplane.executions import actions, dispatch, enqueue
+from controlplane.executions import actions, dispatch, enqueue, tasks
 from controlplane.executions.models import DispatchTurn, Execution
 from controlplane.owners.models import Owner
 from controlplane.pool.outcome import Outcome
@@ -162,5 +162,40 @@ def test_the_sweep_s_release_waits_for_a_claim_parking_now(capped):
     claiming.outcome()
     assert releasing.outcome() == 1
     assert DispatchTurn.objects.get().parked == 0
+    assert sent == [(enqueue.RUN_EXECUTION, first)]
+    assert dispatch.claim_next("test").id == second
+
+
+@pytest.mark.parametrize("spooled", [False, True], ids=["retried at once", "spooled to the broker"])
+def test_a_result_stored_whose_reply_was_lost_still_sends_the_nudge_it_took_back(capped, monkeypatch, spooled):
+    """The finish statement commits (taking the parked nudge back) and the connection
+    drops before its answer: the worker cannot know, retries, and finds the row ended.
+    The fault is injected at that exact point: the real statement runs and commits,
+    then the call fails as a cut socket does."""
+    first, second, sent = capped
+    assert dispatch.claim_next("test") is None  # first still runs: parked
+    real = actions._finish_in_one_statement
+    calls = []
+
+    def reply_lost(*args):
+        calls.append(1)
+        answer = real(*args)
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return answer
+
+    monkeypatch.setattr(actions, "_finish_in_one_statement", reply_lost)
+    monkeypatch.setattr(tasks.backoff, "wait", lambda *args, **kwargs: True)  # retry at once
+    if spooled:
+        # The worker's one attempt fails; the outcome goes to the broker, and the
+        # store_outcome task stores it later.
+        with pytest.raises(OperationalError):
+            tasks._store(first, DONE, attempts=1)
+        tasks._store(first, DONE, attempts=1, after_failure=True)
+    else:
+        tasks._store(first, DONE)
+    assert len(calls) == 2
+    assert Execution.objects.get(pk=first).status == "succeeded"
+    assert DispatchTurn.objects.get().parked == 0  # taken back by the attempt that committed
     assert sent == [(enqueue.RUN_EXECUTION, first)]
     assert dispatch.claim_next("test").id == second
