@@ -50,6 +50,16 @@ def test_an_unreadable_message_file_is_set_aside_and_consuming_goes_on(tmp_path)
     assert [p.name for p in (tmp_path / "bad").iterdir()] == [torn]
 
 
+def _take(queue, n: int) -> list:
+    """The payloads of the next ``n`` messages, each acked, in the order taken."""
+    taken = []
+    for _ in range(n):
+        message = queue.get(timeout=2)
+        taken.append(message.payload)
+        message.ack()
+    return taken
+
+
 def test_messages_are_taken_in_the_order_they_were_put(tmp_path, monkeypatch):
     with _connection(tmp_path) as conn:
         queue = conn.SimpleQueue(QUEUE)
@@ -57,11 +67,7 @@ def test_messages_are_taken_in_the_order_they_were_put(tmp_path, monkeypatch):
         for n, at in enumerate((0.999, 1.0, 10.0)):
             monkeypatch.setattr(broker, "time", lambda at=at: at)
             queue.put(n)
-        taken = []
-        for _ in range(3):
-            message = queue.get(timeout=2)
-            taken.append(message.payload)
-            message.ack()
+        taken = _take(queue, 3)
         queue.close()
     assert taken == [0, 1, 2]
 
@@ -77,11 +83,7 @@ def test_messages_an_earlier_release_queued_are_taken_first_in_their_own_order(t
         # The first two as the release before named them: an unpadded monotonic stamp.
         for name, old in zip(names[:2], ("1000", "999"), strict=True):
             os.rename(folder / name, folder / (old + name[len(message_stamp(0)) :]))
-        taken = []
-        for _ in range(3):
-            message = queue.get(timeout=2)
-            taken.append(message.payload)
-            message.ack()
+        taken = _take(queue, 3)
         queue.close()
     assert taken == [1, 0, 2]
 
