@@ -18,30 +18,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import run as _setup  # noqa: F401  (sets Django up)
+from bench import run  # sets Django up
 
 BATCHES_PER_THREAD = 300
 
 
 def main() -> None:
-    import psycopg
-    from django.core.management import call_command
     from django.db import connection
     from django.utils import timezone
 
-    from controlplane import pgnotify
-    from controlplane.owners.actions import ensure
     from controlplane.owners.models import Owner
     from controlplane.runs import actions
     from controlplane.runs.models import Run
 
-    call_command("migrate", verbosity=0, interactive=False)
-    if not pgnotify.enabled():
-        raise SystemExit("events_notify: PostgreSQL only (SQLite has no NOTIFY)")
-    ensure("bench")
+    listening = run.postgres_listening(actions.EVENTS_CHANNEL, "events_notify")
     Owner.objects.filter(name="bench").update(max_live_runs=1000)
-    listening = psycopg.connect(autocommit=True, **pgnotify.connect_params())
-    listening.execute(f"LISTEN {actions.EVENTS_CHANNEL}")
     runs = [actions.create_run("bench", {"kind": "shell", "command": "true"}).pk for _ in range(4)]
 
     def append(run_id, took: list[float]) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import run as _setup  # noqa: F401  (sets Django up)
+from bench import run  # sets Django up
 
 N = 60
 # Between two ends, as between executions: the database idles a little, as it does.
@@ -27,22 +27,13 @@ PAUSE_S = 0.01
 
 
 def main() -> None:
-    import psycopg
-    from django.core.management import call_command
     from django.utils import timezone
 
-    from controlplane import pgnotify
     from controlplane.executions import actions, notify
     from controlplane.executions.models import Execution, Status
-    from controlplane.owners.actions import ensure
     from controlplane.pool.outcome import Outcome
 
-    call_command("migrate", verbosity=0, interactive=False)
-    if not pgnotify.enabled():
-        raise SystemExit("finish_cost: PostgreSQL only (SQLite stores a result in steps)")
-    ensure("bench")
-    listening = psycopg.connect(autocommit=True, **pgnotify.connect_params())
-    listening.execute(f"LISTEN {notify.CHANNEL}")
+    listening = run.postgres_listening(notify.CHANNEL, "finish_cost")
 
     def running() -> str:
         row = actions.create("print(1)", owner="bench", timeout_s=10, memory_mb=256)

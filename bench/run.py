@@ -177,6 +177,24 @@ def full_path(n: int, task) -> list[float]:
     return samples
 
 
+def postgres_listening(channel: str, script: str):
+    """For a bench that prices a notification: the database migrated, the bench owner
+    there, and a psycopg connection LISTENing on ``channel`` as a waiting process
+    would hold one (the caller closes it). PostgreSQL only: SQLite has no NOTIFY."""
+    import psycopg
+
+    from controlplane import pgnotify
+    from controlplane.owners.actions import ensure
+
+    call_command("migrate", verbosity=0, interactive=False)
+    if not pgnotify.enabled():
+        raise SystemExit(f"{script}: PostgreSQL only (SQLite has no NOTIFY)")
+    ensure("bench")
+    listening = psycopg.connect(autocommit=True, **pgnotify.connect_params())
+    listening.execute(f"LISTEN {channel}")
+    return listening
+
+
 def via_execute(n: int) -> list[float]:
     """``execute()`` as a service calls it: woken by the result's notification on
     PostgreSQL (a row poll on SQLite)."""
