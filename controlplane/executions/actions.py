@@ -34,7 +34,7 @@ log = logging.getLogger("holdfast.executions")
 # waits for this commit and sees the slot free. Without it, a claim parking while this
 # statement commits left a nudge parked beside a free slot until the sweep.
 FINISH_SQL = (
-    "WITH done AS ({update} RETURNING 1), "
+    "WITH done AS ({update} RETURNING {returning}), "
     "turn_now AS (SELECT id, parked FROM {turn} WHERE id = 1 AND EXISTS (SELECT 1 FROM done) FOR UPDATE), "
     "released AS (UPDATE {turn} t SET parked = n.parked - 1 "
     "FROM turn_now n WHERE t.id = n.id AND n.parked > 0 RETURNING 1) "
@@ -118,16 +118,28 @@ def _finish_in_one_statement(rows, values: dict, execution_id: str) -> tuple[boo
     query.add_update_values(values)
     update_sql, params = query.get_compiler(rows.db).as_sql()
     turn = connection.ops.quote_name(DispatchTurn._meta.db_table)
-    wake, wake_params = ("", [])
+    returning, wake, wake_params = "1", "", []
     if notify.available():
-        wake, wake_params = ", (SELECT pg_notify(%s, %s) FROM done)", [notify.CHANNEL, str(execution_id)]
-    sql = FINISH_SQL.format(update=update_sql, turn=turn, wake=wake)
+        # The stored result rides along when it is small (notify.py, "The result in the
+        # notification"): built by this statement from the row it wrote.
+        pairs = ", ".join(f"'{name}', {_column(name)}" for name in notify.ANNOUNCED)
+        returning = f"json_build_object({pairs})::text AS announced"
+        wake = (
+            ", (SELECT pg_notify(%s, CASE WHEN octet_length(announced) <= %s "
+            "THEN %s || ' ' || announced ELSE %s END) FROM done)"
+        )
+        wake_params = [notify.CHANNEL, notify.ANNOUNCED_MAX_BYTES, str(execution_id), str(execution_id)]
+    sql = FINISH_SQL.format(update=update_sql, turn=turn, returning=returning, wake=wake)
     # As QuerySet.update does: an error inside an outer atomic block marks it for
     # rollback, so nothing goes on using a transaction the database has aborted.
     with transaction.mark_for_rollback_on_error(using=rows.db), connection.cursor() as cursor:
         cursor.execute(sql, [*params, *wake_params])
         recorded, released = cursor.fetchone()[:2]
     return bool(recorded), bool(released)
+
+
+def _column(field: str) -> str:
+    return connection.ops.quote_name(Execution._meta.get_field(field).column)
 
 
 def request_cancel(execution_id: str) -> str:

@@ -155,6 +155,11 @@ def _wait(
     if woken is not None and registered_first:
         woken.wait(min([SAFETY_POLL_S, *(s for s in (wait_s, pickup_wait_s) if s is not None)]))
     while True:
+        announced = woken.result if woken is not None else None
+        if announced is not None and announced["status"] in TERMINAL:
+            # The stored result came with its notification: the row as committed.
+            stats.last_woken_by_notification = True
+            return ExecutionResult(id=str(execution_id), **announced)
         row = Execution.objects.get(pk=execution_id)
         stats.reads += 1
         if deadline is None:

@@ -12,12 +12,21 @@ of truth and a slow poll only as a safety net."
   before it reads the row, so a result stored in between is seen either way.
 - On SQLite (the embedded default) there is no channel: callers poll as before.
 
-The notification only says "look now": the caller always reads the row. A lost one
-(the listener reconnecting, a notify that failed) costs at most the safety-net poll.
+The notification says "look now". A lost one (the listener reconnecting, a notify
+that failed) costs at most the safety-net poll.
+
+The result in the notification: the statement that stores a result (actions.finish)
+also builds the payload from the row it wrote, ``"<id> <json>"``, the JSON holding the
+``ANNOUNCED`` fields. PostgreSQL delivers it only once that statement has committed, so
+it is the row as stored, and ``execute()`` returns it without reading the row again
+(one query less on every execution's path). A result larger than
+``ANNOUNCED_MAX_BYTES``, and every other announcement (a cancel, the sweep's verdict),
+carries the id alone: the caller reads the row, as it does after the safety-net poll.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -35,6 +44,13 @@ CHANNEL = "holdfast_execution_results"
 # waiters poll the row meanwhile, so a slow reconnect costs latency, not results).
 LISTEN_RETRY_FIRST_S = 0.1
 LISTEN_RETRY_MAX_S = 5.0
+# The result's fields a notification carries: every field of ``api.ExecutionResult``
+# but the id, which leads the payload.
+ANNOUNCED = ("status", "stdout", "stderr", "exit_code", "duration_ms", "error", "host_id", "attempts")
+# The largest result (its JSON) sent inside the notification. Every process that listens
+# receives every announcement, so a large output is not copied to all of them: its
+# caller reads the row instead. PostgreSQL's own cap on a payload is 8000 bytes.
+ANNOUNCED_MAX_BYTES = 4000
 
 
 def available() -> bool:
@@ -52,6 +68,27 @@ def publish(execution_id: str) -> None:
         log.warning("result_notify_failed", extra=fields(execution_id=execution_id, error=exc.__class__.__name__))
 
 
+class Woken(threading.Event):
+    """Set when a caller's execution is announced; ``result`` is the stored result the
+    announcement carried (its ``ANNOUNCED`` fields), or None: then read the row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.result: dict | None = None
+
+
+def _announced(text: str) -> dict | None:
+    """The result a payload carries, or None for anything but the finish statement's
+    JSON (the caller then reads the row)."""
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(found, dict) or set(found) != set(ANNOUNCED):
+        return None
+    return found
+
+
 class Listener:
     """The process's LISTEN connection and the callers waiting on it."""
 
@@ -64,13 +101,13 @@ class Listener:
         self._thread = threading.Thread(target=self._run, name="holdfast-results-listener", daemon=True)
         self._thread.start()
 
-    def register(self, execution_id: str) -> threading.Event:
-        event = threading.Event()
+    def register(self, execution_id: str) -> Woken:
+        event = Woken()
         with self._lock:
             self._waiters.setdefault(str(execution_id), []).append(event)
         return event
 
-    def unregister(self, execution_id: str, event: threading.Event) -> None:
+    def unregister(self, execution_id: str, event: Woken) -> None:
         with self._lock:
             events = self._waiters.get(str(execution_id), [])
             if event in events:
@@ -82,10 +119,13 @@ class Listener:
         """Whether the listener is LISTENing (a caller that registers now is covered)."""
         return self._ready.wait(timeout)
 
-    def _wake(self, execution_id: str) -> None:
+    def _wake(self, payload: str) -> None:
+        execution_id, _, announced = payload.partition(" ")
         with self._lock:
             events = list(self._waiters.get(execution_id, ()))
+        result = _announced(announced) if events and announced else None
         for event in events:
+            event.result = result
             event.set()
 
     def _run(self) -> None:
