@@ -1,7 +1,7 @@
-"""What preparing one sandbox costs the machine, from the warm template: the minor page
-faults a prepared child took by the time it waits for code (most are copy-on-write
-copies of the template's pages, touched by the interpreter running the set-up) and
-those its one execution adds. Run as root on a host with bubblewrap:
+"""What preparing one sandbox costs the machine, from the warm template: the CPU time and
+the minor page faults a prepared child took by the time it waits for code (most faults
+are copy-on-write copies of the template's pages, touched by the interpreter running
+the set-up), and what its one execution adds. Run as root on a host with bubblewrap:
 
     .venv/bin/python bench/child_faults.py --n 20
 
@@ -31,6 +31,11 @@ def minor_faults(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
+def cpu_ms(pid: int) -> float:
+    """Time the process has spent on a CPU, from the scheduler's own count (ns)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20)
@@ -39,23 +44,31 @@ def main() -> None:
     template = Template(sandbox)
     template.start()
     sandbox = dataclasses.replace(sandbox, template=template)
-    prepared, ran = [], []
+    prepared, ran, prepared_cpu, ran_cpu = [], [], [], []
     for i in range(args.n):
         child = Child(None, Limits(timeout_ms=60_000, memory_mb=512), isolation=sandbox, uid=sandbox.uid_for(i % 4))
         child.start()
         time.sleep(0.3)  # waiting for its code
         pid = child.proc.pid
         prepared.append(minor_faults(pid))
+        prepared_cpu.append(cpu_ms(pid))
         child.deliver(SNIPPET, Limits(timeout_ms=10_000, memory_mb=256))
         time.sleep(0.1)
         ran.append(minor_faults(pid) - prepared[-1])
+        ran_cpu.append(cpu_ms(pid) - prepared_cpu[-1])
         outcome = child.wait()
         child.cleanup()
         if outcome.status != "succeeded":
             raise SystemExit(f"child_faults: unexpected outcome {outcome}")
-    print(f"{'minor page faults of one template child':<44} {'p50':>6} {'min':>6}")
-    print(f"{'prepared (forked, contained, waiting)':<44} {statistics.median(prepared):>6.0f} {min(prepared):>6}")
-    print(f"{'its execution of print(1)':<44} {statistics.median(ran):>6.0f} {min(ran):>6}")
+    print(f"{'one template child':<40} {'faults p50':>10} {'min':>6} {'CPU ms p50':>10} {'min':>6}")
+    for what, faults, cpu in (
+        ("prepared (forked, contained, waiting)", prepared, prepared_cpu),
+        ("its execution of print(1)", ran, ran_cpu),
+    ):
+        print(
+            f"{what:<40} {statistics.median(faults):>10.0f} {min(faults):>6} "
+            f"{statistics.median(cpu):>10.2f} {min(cpu):>6.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ Standard library only; single-threaded (it forks).
 """
 
 import ctypes
+import fcntl
 import gc
 import json
 import os
@@ -46,6 +47,7 @@ import re
 import select
 import signal
 import socket
+import struct
 import sys
 import types
 
@@ -423,9 +425,6 @@ def build_root(request: dict, config: dict) -> None:
 def loopback_up() -> None:
     """A new network namespace's loopback starts down; bubblewrap brings it up, and
     code may serve and connect on 127.0.0.1 inside its own namespace."""
-    import fcntl
-    import struct
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         request = struct.pack("16sH22x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING)
         fcntl.ioctl(probe.fileno(), SIOCSIFFLAGS, request)
@@ -436,7 +435,9 @@ def remount_below(bound: list[tuple[str, int]]) -> None:
     writable, suid or device-bearing mount under /usr, say): each gets its bind's flags,
     as bubblewrap does. One read of the mount table for all binds."""
     with open("/proc/self/mountinfo", "rb") as fh:
-        points = [_unescape(line.split(b" ")[4]) for line in fh]
+        fields = [line.split(b" ", 5)[4] for line in fh]
+    # Most mount points have nothing to unescape; the regex only runs where one does.
+    points = [_unescape(field) if b"\\" in field else field.decode("utf-8", "surrogateescape") for field in fields]
     for point in points:
         below = [(top, flags) for top, flags in bound if point.startswith(top + "/")]
         if below:

@@ -302,18 +302,21 @@ def test_the_code_finds_none_of_the_template_s_bookkeeping_in_its_frames(host):
     assert all(r.status == "succeeded" and r.stdout == "[]\n" for r in results), results
 
 
-def test_a_mount_below_a_bound_directory_takes_the_bind_s_flags(tmp_path):
-    # bubblewrap remounts every mount a recursive bind brings along; so must the template.
+@pytest.mark.parametrize("name", ["below", "below me"])
+def test_a_mount_below_a_bound_directory_takes_the_bind_s_flags(tmp_path, name):
+    # bubblewrap remounts every mount a recursive bind brings along; so must the template,
+    # also where the mount table escapes the path (a space comes as \040).
     shared = tmp_path / "shared"
-    below = shared / "below"
+    below = shared / name
     below.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(below)], check=True)
+    listed = str(below).replace(" ", "\\040")
     try:
         with start_host(TOKEN, extra_args=("--insecure-shared-dir", str(shared))) as shared_host:
             code = f"""
             for line in open("/proc/self/mountinfo"):
                 fields = line.split()
-                if fields[4] == {str(below)!r}:
+                if fields[4] == {listed!r}:
                     print(",".join(sorted(set(fields[5].split(",")) & {{"nosuid", "nodev"}})))
             """
             result = _run(shared_host, code)
