@@ -25,9 +25,12 @@ writes its raw wait status down the exit pipe, which is how the host, that is no
 parent, learns the end. The child dies with the template (PR_SET_PDEATHSIG), and the
 template with the host.
 
-The child takes its own session, joins the execution's control groups, enters new
-mount, network, IPC, UTS and cgroup namespaces, builds the private root that
-``sandbox.py`` describes, pivots into it, takes the execution's environment, rlimits
+The template builds, once and in a mount namespace of its own, the part of the
+private root that ``sandbox.py`` describes which is the same for every sandbox (the
+read-only binds, masks and /dev; ``build_shared_root``). The child takes its own
+session, joins the execution's control groups, enters new mount, network, IPC, UTS and
+cgroup namespaces (its mount namespace a copy of the template's), adds its own /proc,
+scratch space and snippet to that root (``enter_root``), pivots into it, takes the execution's environment, rlimits
 and slot uid, drops every capability, sets no_new_privs, loads the seccomp filter,
 reseeds the random generators, forgets this module, and only then becomes the waiter
 (``waiter.py``): it reads one header and the code from the code pipe and runs it. Any
@@ -163,6 +166,7 @@ def main(argv: list[str]) -> None:
     config["seccomp"] = bytes.fromhex(config["seccomp"])
     config["cap_last"] = int(open("/proc/sys/kernel/cap_last_cap").read())
     os.makedirs(config["newroot"], mode=0o755, exist_ok=True)
+    build_shared_root(config)
     # Children share our heap copy-on-write: a collection in each would touch (copy) it.
     gc.collect()
     gc.freeze()
@@ -305,7 +309,7 @@ def sandbox(
         # The cgroup namespace after joining, so its root is the execution's own group.
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP), "unshare")
         loopback_up()
-        build_root(request, config)
+        enter_root(request, config)
         check(libc.sethostname(b"holdfast", 8), "sethostname")
         keep = {0, 1, 2, code_fd, status_fd, alive_fd}
         for fd in map(int, os.listdir("/proc/self/fd")):
@@ -358,8 +362,17 @@ def sandbox(
     os._exit(0)
 
 
-def build_root(request: dict, config: dict) -> None:
-    """The private root of ``sandbox.py``, in the same order bubblewrap builds it."""
+def build_shared_root(config: dict) -> None:
+    """The part of ``sandbox.py``'s private root that is the same for every sandbox,
+    built once, in the template's own mount namespace: each child's new mount namespace
+    starts as a copy of it, so the child only adds what is its own (``enter_root``).
+
+    Everything here ends read-only (root, /dev, the masks), and no sandbox holds a
+    capability or may call mount, so what the sandboxes share is what they could
+    already read in the binds of the host's own files: nothing one writes reaches
+    another. Bubblewrap's order, as a fresh sandbox has it."""
+    check(libc.unshare(CLONE_NEWNS), "unshare a mount namespace")
+    # Nothing of ours propagates back to the host, nor the host's later mounts to us.
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     new = config["newroot"]
     mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
@@ -370,20 +383,9 @@ def build_root(request: dict, config: dict) -> None:
     for parent in config["parents"]:
         os.mkdir(at(parent), 0o755)
         os.chmod(at(parent), 0o755)  # noqa: S103 - the sandbox's uid must traverse them (umask aside)
-
     bound: list[tuple[str, int]] = []
-
-    def bind(source: str, path: str, flags: int) -> None:
-        if os.path.isdir(source):
-            os.makedirs(at(path), mode=0o755, exist_ok=True)
-        else:
-            os.close(os.open(at(path), os.O_WRONLY | os.O_CREAT, 0o444))
-        mount(source, at(path), None, MS_BIND | MS_REC)
-        remount(at(path), flags)
-        bound.append((at(path), flags))
-
     for path in config["binds"]:
-        bind(path, path, MS_RDONLY | MS_NOSUID | MS_NODEV)
+        bound.append(bind(new, path, path, MS_RDONLY | MS_NOSUID | MS_NODEV))
     for target, link in config["symlinks"]:
         os.symlink(target, at(link))
     for path in config["masks"]:
@@ -391,35 +393,68 @@ def build_root(request: dict, config: dict) -> None:
         mount("tmpfs", at(path), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0555,size=4096")
         remount(at(path), MS_RDONLY)
     os.makedirs(at("/proc"), mode=0o755, exist_ok=True)
-    mount("proc", at("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for name in PROC_READ_ONLY:
-        path = at(f"/proc/{name}")
-        if os.path.exists(path):
-            mount(path, path, None, MS_BIND | MS_REC)
-            remount(path, MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.makedirs(at("/dev"), mode=0o755, exist_ok=True)
     mount("tmpfs", at("/dev"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=65536")
     for device in config["devices"]:
-        bind(device, device, MS_NOSUID)
+        bound.append(bind(new, device, device, MS_NOSUID))
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         os.symlink(f"/proc/self/fd/{fd}", at(f"/dev/{name}"))
     os.symlink("/proc/self/fd", at("/dev/fd"))
     os.symlink(config["scratch"], at("/dev/shm"))  # noqa: S108 - inside the private root
     remount(at("/dev"), MS_RDONLY)
-    scratch = at(config["scratch"])
-    os.makedirs(scratch, exist_ok=True)
-    mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={config['scratch_bytes']}")
+    # Where each child mounts its own: the root is read-only by then.
+    os.makedirs(at(config["scratch"]), exist_ok=True)
     os.symlink(config["scratch"], at("/var/tmp"))  # noqa: S108 - inside the private root
-    bind(request["snippet"], config["snippet_path"], MS_RDONLY | MS_NOSUID | MS_NODEV)
+    mount_point(new, config["snippet_path"], directory=False)
     if config["shared_dir"]:
-        bind(config["shared_dir"], config["shared_dir"], MS_NOSUID | MS_NODEV)
+        mount_point(new, config["shared_dir"], directory=True)
     remount_below(bound)
     remount(new, MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def enter_root(request: dict, config: dict) -> None:
+    """A child's own part of its private root, on the shared part it copied with its
+    mount namespace (``build_shared_root``): /proc of its PID namespace, its scratch
+    space, its snippet; then it pivots into the root and lets go of the host's."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    new = config["newroot"]
+    proc = new + "/proc"
+    mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in PROC_READ_ONLY:
+        path = f"{proc}/{name}"
+        if os.path.exists(path):
+            mount(path, path, None, MS_BIND | MS_REC)
+            remount(path, MS_RDONLY | MS_NOSUID | MS_NODEV)
+    mount("tmpfs", new + config["scratch"], "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={config['scratch_bytes']}")
+    own = [bind(new, request["snippet"], config["snippet_path"], MS_RDONLY | MS_NOSUID | MS_NODEV)]
+    if config["shared_dir"]:
+        own.append(bind(new, config["shared_dir"], config["shared_dir"], MS_NOSUID | MS_NODEV))
+        remount_below(own)  # the mounts below the shared directory, as they are now
     os.chdir(new)
     number = SYS_PIVOT_ROOT[platform.machine()]
     check(libc.syscall(number, b".", b"."), "pivot_root")
     check(libc.umount2(b".", MNT_DETACH), "umount the old root")
     os.chdir("/")
+
+
+def mount_point(new: str, path: str, *, directory: bool) -> None:
+    """An empty directory or file at ``path`` in the root being built, to mount on."""
+    if directory:
+        os.makedirs(new + path, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(new + path), mode=0o755, exist_ok=True)
+        os.close(os.open(new + path, os.O_WRONLY | os.O_CREAT, 0o444))
+
+
+def bind(new: str, source: str, path: str, flags: int) -> tuple[str, int]:
+    """``source`` bound at ``path`` in the root being built, with ``flags`` added to
+    the ones it has; returns (where, flags) for ``remount_below``."""
+    target = new + path
+    if not os.path.exists(target):
+        mount_point(new, path, directory=os.path.isdir(source))
+    mount(source, target, None, MS_BIND | MS_REC)
+    remount(target, flags)
+    return target, flags
 
 
 def loopback_up() -> None:

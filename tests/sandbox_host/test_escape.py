@@ -6,7 +6,8 @@ seccomp). An auditor runs exactly this file:
     python3 dev.py test tests/sandbox_host/test_escape.py
 
 Executions: Unix sockets anywhere on the filesystem; loopback TCP to PostgreSQL and
-Redis; reading and writing the project checkout and /root; files left in /tmp,
+Redis; reading and writing the project checkout and /root; changing the read-only root,
+/dev and masks (one copy shared by a warm template's children); files left in /tmp,
 /var/tmp, /dev/shm or HOME for the next execution; a concurrent neighbour's files and
 processes; the host's processes; user namespaces, ptrace, mount; no_new_privs, seccomp
 and capabilities as /proc/self/status shows them; filling the scratch space across many
@@ -208,6 +209,56 @@ def test_the_checkout_and_root_are_neither_readable_nor_writable(host):
         out[-1]
         == "root holds ['bin', 'dev', 'etc', 'holdfast', 'lib', 'lib64', 'proc', 'root', 'sbin', 'tmp', 'usr', 'var']"
     )
+
+
+def test_the_root_all_sandboxes_share_cannot_be_changed(host):
+    # A warm template's children share one read-only root, /dev and masks, built once
+    # (template.build_shared_root): every way to change them must fail, or what one
+    # execution does there would greet the next. Compared with what was there before.
+    result = run(
+        host,
+        """
+        import os, site
+        masked = [d for d in site.getsitepackages() if os.path.isdir(d)]
+        tops = ["/", "/dev", "/holdfast", "/var", *masked]
+
+        def listing():
+            found = [os.lstat(top).st_mode for top in tops]
+            for top in tops:
+                for name in sorted(os.listdir(top)):
+                    st = os.lstat(os.path.join(top, name))
+                    found.append((top, name, st.st_mode, st.st_mtime_ns))
+            return found
+
+        before = listing()
+        attempts = {
+            "create": lambda top: open(os.path.join(top, "planted"), "w").close(),
+            "mkdir": lambda top: os.mkdir(os.path.join(top, "planted")),
+            "symlink": lambda top: os.symlink("/tmp", os.path.join(top, "planted")),
+            "chmod": lambda top: os.chmod(top, 0o777),
+            "utime": lambda top: os.utime(top, (0, 0)),
+            "xattr": lambda top: os.setxattr(top, "user.planted", b"x"),
+        }
+        for top in tops:
+            for what, attempt in attempts.items():
+                try:
+                    attempt(top)
+                    print("CHANGED", what, top)
+                except OSError:
+                    pass
+        for victim in ("/dev/fd", "/dev/shm", "/var/tmp", "/dev/stdout"):
+            for what, attempt in (("unlink", os.unlink), ("rename", lambda p: os.rename(p, p + "-moved"))):
+                try:
+                    attempt(victim)
+                    print("CHANGED", what, victim)
+                except OSError:
+                    pass
+        print("masked", len(masked), "unchanged", listing() == before)
+        """,
+    )
+    out = lines(result)
+    assert out[-1] == "masked 1 unchanged True", out
+    assert not [line for line in out if line.startswith("CHANGED")], out
 
 
 @pytest.mark.parametrize("place", ["/tmp", "/var/tmp", "/dev/shm", "HOME", "."])
