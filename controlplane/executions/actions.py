@@ -118,22 +118,29 @@ def _finish_in_one_statement(rows, values: dict, execution_id: str) -> tuple[boo
     query.add_update_values(values)
     update_sql, params = query.get_compiler(rows.db).as_sql()
     turn = connection.ops.quote_name(DispatchTurn._meta.db_table)
-    returning, wake, wake_params = "1", "", []
+    returning, returning_params, wake, wake_params = "1", [], "", []
     if notify.available():
         # The stored result rides along when it is small (notify.py, "The result in the
-        # notification"): built by this statement from the row it wrote.
+        # notification"): built by this statement from the row it wrote, and only when
+        # its text is small enough to be worth building. First on the channel that
+        # carries it, then the id alone on the one every release listens on.
+        text = " + ".join(f"octet_length({_column(name)})" for name in ("stdout", "stderr", "error", "host_id"))
         pairs = ", ".join(f"'{name}', {_column(name)}" for name in notify.ANNOUNCED)
-        returning = f"json_build_object({pairs})::text AS announced"
+        returning = f"CASE WHEN {text} <= %s THEN json_build_object({pairs})::text END AS announced"
+        returning_params = [notify.ANNOUNCED_MAX_BYTES]
         wake = (
-            ", (SELECT pg_notify(%s, CASE WHEN octet_length(announced) <= %s "
-            "THEN %s || ' ' || announced ELSE %s END) FROM done)"
+            ", (SELECT pg_notify(%s, %s || ' ' || announced) FROM done WHERE octet_length(announced) <= %s)"
+            ", (SELECT pg_notify(%s, %s) FROM done)"
         )
-        wake_params = [notify.CHANNEL, notify.ANNOUNCED_MAX_BYTES, str(execution_id), str(execution_id)]
+        wake_params = [
+            *(notify.RESULT_CHANNEL, str(execution_id), notify.ANNOUNCED_MAX_BYTES),
+            *(notify.CHANNEL, str(execution_id)),
+        ]
     sql = FINISH_SQL.format(update=update_sql, turn=turn, returning=returning, wake=wake)
     # As QuerySet.update does: an error inside an outer atomic block marks it for
     # rollback, so nothing goes on using a transaction the database has aborted.
     with transaction.mark_for_rollback_on_error(using=rows.db), connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *wake_params])
+        cursor.execute(sql, [*params, *returning_params, *wake_params])
         recorded, released = cursor.fetchone()[:2]
     return bool(recorded), bool(released)
 

@@ -16,12 +16,24 @@ The notification says "look now". A lost one (the listener reconnecting, a notif
 that failed) costs at most the safety-net poll.
 
 The result in the notification: the statement that stores a result (actions.finish)
-also builds the payload from the row it wrote, ``"<id> <json>"``, the JSON holding the
-``ANNOUNCED`` fields. PostgreSQL delivers it only once that statement has committed, so
-it is the row as stored, and ``execute()`` returns it without reading the row again
-(one query less on every execution's path). A result larger than
-``ANNOUNCED_MAX_BYTES``, and every other announcement (a cancel, the sweep's verdict),
-carries the id alone: the caller reads the row, as it does after the safety-net poll.
+also builds, from the row it wrote, ``"<id> <json>"`` (the JSON holding the
+``ANNOUNCED`` fields) and sends it on ``RESULT_CHANNEL`` when it is at most
+``ANNOUNCED_MAX_BYTES``, before the id alone on ``CHANNEL``. PostgreSQL delivers both
+only once that statement has committed, in that order, so the result is the row as
+stored, and ``execute()`` returns it without reading the row again (one query less on
+every execution's path). A larger result, and every other announcement (a cancel, the
+sweep's verdict), comes as the id alone: the caller reads the row, as it does after the
+safety-net poll.
+
+Two channels, for a rolling deploy: a process of the release before this one listens on
+``CHANNEL`` and takes its whole payload as the id, so the id alone goes on there still;
+a process of this release listens on both, and an id-only wake never clears a result
+that came first. (The next release may drop the id on ``CHANNEL`` for stored results.)
+
+Trust: PostgreSQL lets any role that can connect to the database send a notification.
+Such a role could hand a waiting caller a made-up result for an id it knows, where
+before it could only make it read the row early: give no role but Holdfast's own
+``CONNECT`` on its database (operations.md).
 """
 
 from __future__ import annotations
@@ -34,12 +46,14 @@ import time
 from django.conf import settings
 
 from controlplane import pgnotify
+from controlplane.executions import fields as output_fields
 from holdfast_wire import backoff
 from holdfast_wire.logfmt import fields
 
 log = logging.getLogger("holdfast.executions")
 
 CHANNEL = "holdfast_execution_results"
+RESULT_CHANNEL = "holdfast_execution_results_carried"
 # Reconnecting a lost listener: 0.1 s first (a blip), doubling to 5 s (an outage; the
 # waiters poll the row meanwhile, so a slow reconnect costs latency, not results).
 LISTEN_RETRY_FIRST_S = 0.1
@@ -49,8 +63,10 @@ LISTEN_RETRY_MAX_S = 5.0
 ANNOUNCED = ("status", "stdout", "stderr", "exit_code", "duration_ms", "error", "host_id", "attempts")
 # The largest result (its JSON) sent inside the notification. Every process that listens
 # receives every announcement, so a large output is not copied to all of them: its
-# caller reads the row instead. PostgreSQL's own cap on a payload is 8000 bytes.
-ANNOUNCED_MAX_BYTES = 4000
+# caller reads the row instead. PostgreSQL caps a payload at its block size less 192
+# bytes (7,999 with the default 8 kB), and a payload over the cap would fail the
+# statement that stores the result: this fits block sizes of 4 kB and up.
+ANNOUNCED_MAX_BYTES = 3000
 
 
 def available() -> bool:
@@ -86,6 +102,15 @@ def _announced(text: str) -> dict | None:
         return None
     if not isinstance(found, dict) or set(found) != set(ANNOUNCED):
         return None
+    # As the row gives them back: output the database cannot hold as text (NUL) is
+    # stored encoded (fields.py), and the statement copied the stored form.
+    for name in ("stdout", "stderr"):
+        if not isinstance(found[name], str):
+            return None
+        try:
+            found[name] = output_fields.decode(found[name])
+        except ValueError:
+            return None
     return found
 
 
@@ -119,13 +144,14 @@ class Listener:
         """Whether the listener is LISTENing (a caller that registers now is covered)."""
         return self._ready.wait(timeout)
 
-    def _wake(self, payload: str) -> None:
+    def _wake(self, channel: str, payload: str) -> None:
         execution_id, _, announced = payload.partition(" ")
         with self._lock:
             events = list(self._waiters.get(execution_id, ()))
-        result = _announced(announced) if events and announced else None
+        result = _announced(announced) if events and announced and channel == RESULT_CHANNEL else None
         for event in events:
-            event.result = result
+            if result is not None:
+                event.result = result
             event.set()
 
     def _run(self) -> None:
@@ -135,7 +161,7 @@ class Listener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(autocommit=True, **pgnotify.connect_params()) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {CHANNEL}; LISTEN {RESULT_CHANNEL}")
                     self._ready.set()
                     failures = 0
                     heard = time.monotonic()
@@ -144,7 +170,7 @@ class Listener:
                         for note in conn.notifies(timeout=1.0):
                             heard = time.monotonic()
                             self.notifications += 1
-                            self._wake(note.payload)
+                            self._wake(note.channel, note.payload)
                         if time.monotonic() - heard >= pgnotify.LISTEN_PING_S:
                             pgnotify.ping(conn)  # quiet, or dead? (pgnotify.py)
                             heard = time.monotonic()
