@@ -429,7 +429,7 @@ def enter_root(request: dict, config: dict) -> None:
     own = [bind(new, request["snippet"], config["snippet_path"], MS_RDONLY | MS_NOSUID | MS_NODEV)]
     if config["shared_dir"]:
         own.append(bind(new, config["shared_dir"], config["shared_dir"], MS_NOSUID | MS_NODEV))
-        remount_below(own)  # the mounts below the shared directory, as they are now
+        remount_below(own)  # below the shared directory: the mounts the template saw at its start
     os.chdir(new)
     number = SYS_PIVOT_ROOT[platform.machine()]
     check(libc.syscall(number, b".", b"."), "pivot_root")
