@@ -38,7 +38,7 @@ from websockets.server import ServerProtocol
 from holdfast_wire import protocol, server
 from holdfast_wire.server import CLOSE_GOING_AWAY, CLOSE_POLICY_VIOLATION
 
-from .executions import Refused, deliver_prepared, run_execution
+from .executions import Refused, run_execution
 from .log import log
 
 if TYPE_CHECKING:
@@ -234,7 +234,6 @@ class Connection:
             self.send(refusal.frame)
             return
         self.executions.add(frame.id)
-        begun = deliver_prepared(frame, running, admission=self.host.admission, reserve=self.host.reserve)
 
         def body() -> None:
             try:
@@ -246,7 +245,6 @@ class Connection:
                     send=self.send,
                     conn_id=self.id,
                     reserve=self.host.reserve,
-                    begun=begun,
                 )
             finally:
                 self.executions.discard(frame.id)

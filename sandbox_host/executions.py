@@ -5,9 +5,7 @@ are free, and whether the host is draining. Every refusal happens here, before a
 process exists, which is what lets ``not_started`` promise the code never ran.
 
 ``run_execution`` is the body of one execution's thread: start the child, say
-``started``, wait, say ``result``, free the slot. ``deliver_prepared`` runs before it,
-on the connection's own thread: a prepared sandbox gets its code at once, and runs it
-while the execution's thread is being made (about 0.3 ms here).
+``started``, wait, say ``result``, free the slot.
 """
 
 from __future__ import annotations
@@ -146,30 +144,6 @@ class Admission:
             self.stop(execution_id, status, error)
 
 
-class Begun:
-    """What ``deliver_prepared`` did: the prepared sandbox that has the code, or None
-    (none ready: the execution's thread starts one); ``error`` a host bug on the way,
-    with nothing left taken, for that thread to answer."""
-
-    def __init__(self, child: Child | None = None, error: Exception | None = None) -> None:
-        self.child = child
-        self.error = error
-
-
-def deliver_prepared(
-    frame: protocol.Execute, running: Running, *, admission: Admission, reserve: Reserve | None
-) -> Begun:
-    """On the connection's thread, right after admission: ``frame``'s code to a prepared
-    sandbox, if one fits. Never raises."""
-    if reserve is None:
-        return Begun()
-    limits = Limits(timeout_ms=frame.timeout_ms, memory_mb=frame.memory_mb)
-    try:
-        return Begun(_take_prepared(frame, running, limits, admission=admission, reserve=reserve))
-    except Exception as exc:
-        return Begun(error=exc)
-
-
 def run_execution(
     frame: protocol.Execute,
     running: Running,
@@ -179,19 +153,12 @@ def run_execution(
     send: Callable[[protocol.Frame], object],
     conn_id: str,
     reserve: Reserve | None = None,
-    begun: Begun | None = None,
 ) -> None:
-    """Thread body for one admitted execution (``begun``: what ``deliver_prepared``
-    did for it). Always releases its slot."""
+    """Thread body for one admitted execution. Always releases its slot."""
     limits = Limits(timeout_ms=frame.timeout_ms, memory_mb=frame.memory_mb)
-    begun = begun or Begun()
-    child: Child | None = begun.child
+    child: Child | None = None
     try:
-        if begun.error is not None:
-            raise begun.error
-        prepared = child is not None
-        if child is None:
-            child, prepared = _start(frame, running, limits, admission=admission, isolation=isolation, reserve=reserve)
+        child, prepared = _start(frame, running, limits, admission=admission, isolation=isolation, reserve=reserve)
         if child is None:
             # No process exists, so the code provably never ran: not_started, not a failure.
             log("execution_not_started", conn=conn_id, id=frame.id, reason="spawn_failed")
@@ -248,28 +215,6 @@ def run_execution(
         admission.release(running)
 
 
-def _take_prepared(
-    frame: protocol.Execute, running: Running, limits: Limits, *, admission: Admission, reserve: Reserve
-) -> Child | None:
-    """A prepared sandbox from the reserve, given ``frame``'s code; None if none fits or
-    is ready. Raises only for a host bug, with that sandbox let go (killed)."""
-    while (prepared := reserve.take(limits)) is not None:
-        running.slot = prepared.slot
-        try:
-            prepared.deliver(frame.code, limits)
-            return prepared
-        except BaseException as exc:
-            # It died waiting (ChildError: it never read the code; try the next), or a
-            # host bug: either way, let it go.
-            prepared.discard()
-            prepared.cleanup()
-            admission.return_slot(prepared.slot)
-            running.slot = -1
-            if not isinstance(exc, ChildError):
-                raise
-    return None
-
-
 def _start(
     frame: protocol.Execute,
     running: Running,
@@ -282,9 +227,17 @@ def _start(
     """A child running ``frame``'s code, and whether it was prepared: one from the
     reserve when one fits, else a fresh one. None if neither could be had (nothing ran)."""
     if reserve is not None:
-        prepared = _take_prepared(frame, running, limits, admission=admission, reserve=reserve)
-        if prepared is not None:
-            return prepared, True
+        while (prepared := reserve.take(limits)) is not None:
+            running.slot = prepared.slot
+            try:
+                prepared.deliver(frame.code, limits)
+                return prepared, True
+            except ChildError:
+                # It died waiting (it never read the code): let it go, try the next.
+                prepared.discard()
+                prepared.cleanup()
+                admission.return_slot(prepared.slot)
+                running.slot = -1
     slot = admission.take_slot(timeout=SLOT_WAIT_S)
     if slot is None:
         return None, False

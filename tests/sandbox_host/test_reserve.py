@@ -214,55 +214,6 @@ def test_delivery_bounds_the_groups_memory_by_the_executions_own():
         os.close(lock_fd)
 
 
-def _ended(pid: int) -> bool:
-    """Gone, or a zombie its parent has not reaped yet."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
-def test_a_host_bug_while_delivering_is_answered_and_leaks_nothing(monkeypatch):
-    """The code goes to a prepared sandbox on the connection's own thread: a host bug
-    there must not escape into that thread (it would end the connection) nor keep the
-    sandbox or its slot; the execution's thread answers ``internal``. Real children in
-    this process, the bug injected into delivery."""
-    from holdfast_wire import protocol
-    from sandbox_host import executions, isolation, uids
-    from sandbox_host.children import Child
-    from sandbox_host.reserve import Reserve
-
-    base, lock_fd = uids.claim(1)
-    admission = executions.Admission(1, spare=1)
-    contained = isolation.build(isolation.FULL, uid_base=base)
-    reserve = Reserve(1, isolation=contained, take_slot=admission.take_slot, return_slot=admission.return_slot)
-    try:
-        wait_until(lambda: reserve.ready() == 1, timeout=20, what="a prepared sandbox")
-        [waiting] = [c.proc.pid for c in reserve._ready]
-        # No refill: making the next sandbox on our slot would clear what we left there.
-        reserve.size = 0
-
-        def host_bug(self, code, limits):
-            raise RuntimeError("a host bug")
-
-        monkeypatch.setattr(Child, "deliver", host_bug)
-        frame = protocol.Execute(id="e1", code="print(1)", timeout_ms=5_000, memory_mb=128)
-        running = admission.admit(frame.id)
-        begun = executions.deliver_prepared(frame, running, admission=admission, reserve=reserve)
-        assert isinstance(begun.error, RuntimeError)
-        sent = []
-        executions.run_execution(
-            frame, running, admission=admission, isolation=contained, send=sent.append, conn_id="c", begun=begun
-        )
-        assert [(f.type, f.code) for f in sent] == [("error", "internal")]
-        assert admission.in_flight() == 0
-        wait_until(lambda: _ended(waiting), timeout=10, what="the sandbox let go")
-    finally:
-        reserve.close()
-        os.close(lock_fd)
-
-
 @pytest.mark.parametrize("source", list(SOURCES))
 def test_a_sandbox_that_died_waiting_costs_no_execution(shared_dir, source):
     marker = shared_dir / "ran.txt"
