@@ -32,8 +32,8 @@ that came first. (The next release may drop the id on ``CHANNEL`` for stored res
 
 Trust: PostgreSQL lets any role that can connect to the database send a notification.
 Such a role could hand a waiting caller a made-up result for an id it knows, where
-before it could only make it read the row early: give no role but Holdfast's own
-``CONNECT`` on its database (operations.md).
+before it could only make it read the row early. PostgreSQL grants ``CONNECT`` to
+``PUBLIC`` by default, so revoking it (operations.md, "The database") is required.
 """
 
 from __future__ import annotations
