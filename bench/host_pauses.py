@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import statistics
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import host_speed  # noqa: E402
+from bench.run import ms  # noqa: E402 - sets Django up, as the other benches
 from holdfast_devtools import processes  # noqa: E402
 
 
@@ -55,9 +55,8 @@ def main() -> None:
         print(f"host of {checkout} ({commit or 'not a git checkout'}), n={args.n} per pause")
         print(f"{'pause between executions':<28} {'p50 ms':>8} {'p95 ms':>8}")
         for pause in pauses:
-            samples = sorted(host_speed.latencies(client.execute, args.n, pause_s=pause))
-            p95 = samples[int(len(samples) * 0.95) - 1]
-            print(f"{pause * 1000:>25g} ms {statistics.median(samples) * 1000:>8.2f} {p95 * 1000:>8.2f}")
+            p50, p95 = ms(host_speed.latencies(client.execute, args.n, pause_s=pause))
+            print(f"{pause * 1000:>25g} ms {p50:>8.2f} {p95:>8.2f}")
         client.close()
     finally:
         host.stop()

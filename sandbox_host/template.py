@@ -30,8 +30,8 @@ private root that ``sandbox.py`` describes which is the same for every sandbox (
 read-only binds, masks and /dev; ``build_shared_root``). The child takes its own
 session, joins the execution's control groups, enters new mount, network, IPC, UTS and
 cgroup namespaces (its mount namespace a copy of the template's), adds its own /proc,
-scratch space and snippet to that root (``enter_root``), pivots into it, takes the execution's environment, rlimits
-and slot uid, drops every capability, sets no_new_privs, loads the seccomp filter,
+scratch space and snippet to that root (``enter_root``), pivots into it, takes the
+execution's environment, rlimits and slot uid, drops every capability, sets no_new_privs, loads the seccomp filter,
 reseeds the random generators, forgets this module, and only then becomes the waiter
 (``waiter.py``): it reads one header and the code from the code pipe and runs it. Any
 setup failure exits 126 with one line on the execution's stderr, before anything of

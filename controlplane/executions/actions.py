@@ -7,6 +7,7 @@ guards creation."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import uuid
 from datetime import timedelta
@@ -124,10 +125,7 @@ def _finish_in_one_statement(rows, values: dict, execution_id: str) -> tuple[boo
         # notification"): built by this statement from the row it wrote, and only when
         # its text is small enough to be worth building. First on the channel that
         # carries it, then the id alone on the one every release listens on.
-        text = " + ".join(f"octet_length({_column(name)})" for name in ("stdout", "stderr", "error", "host_id"))
-        pairs = ", ".join(f"'{name}', {_column(name)}" for name in notify.ANNOUNCED)
-        returning = f"CASE WHEN {text} <= %s THEN json_build_object({pairs})::text END AS announced"
-        returning_params = [notify.ANNOUNCED_MAX_BYTES]
+        returning, returning_params = _announced_sql(), [notify.ANNOUNCED_MAX_BYTES]
         wake = (
             ", (SELECT pg_notify(%s, %s || ' ' || announced) FROM done WHERE octet_length(announced) <= %s)"
             ", (SELECT pg_notify(%s, %s) FROM done)"
@@ -145,8 +143,17 @@ def _finish_in_one_statement(rows, values: dict, execution_id: str) -> tuple[boo
     return bool(recorded), bool(released)
 
 
-def _column(field: str) -> str:
-    return connection.ops.quote_name(Execution._meta.get_field(field).column)
+@functools.cache
+def _announced_sql() -> str:
+    """The RETURNING that builds the carried result (its size limit a parameter): the
+    same text for every finish, so built once."""
+
+    def column(field: str) -> str:
+        return connection.ops.quote_name(Execution._meta.get_field(field).column)
+
+    text = " + ".join(f"octet_length({column(name)})" for name in ("stdout", "stderr", "error", "host_id"))
+    pairs = ", ".join(f"'{name}', {column(name)}" for name in notify.ANNOUNCED)
+    return f"CASE WHEN {text} <= %s THEN json_build_object({pairs})::text END AS announced"
 
 
 def request_cancel(execution_id: str) -> str:
