@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -24,8 +25,31 @@ SNIPPET = "print(1)"
 
 
 def bare_spawn() -> None:
-    """One ``python -I -c 'print(1)'`` of the interpreter user code runs in."""
+    """One ``python -I -c 'print(1)'`` of the interpreter user code runs in, as installed:
+    its start also runs every ``.pth`` file in its site-packages."""
     subprocess.run([base_interpreter()[0], "-I", "-c", SNIPPET], check=True, capture_output=True)
+
+
+_clean: tempfile.TemporaryDirectory | None = None
+
+
+def clean_interpreter() -> str:
+    """The same interpreter (binary and standard library) with an empty site-packages,
+    as a sandbox runs it (``sandbox.py`` masks site-packages): a virtualenv made without
+    pip. The baseline the host side is judged against. The interpreter as installed can
+    start much slower than this: a ``.pth`` file runs at every start, and one that
+    imports a package (this workplace's machines carry one importing ``certifi``) costs
+    tens of milliseconds that no sandbox pays."""
+    global _clean
+    if _clean is None:
+        _clean = tempfile.TemporaryDirectory(prefix="holdfast-bench-python-")
+        subprocess.run([base_interpreter()[0], "-m", "venv", "--without-pip", _clean.name], check=True)
+    return str(Path(_clean.name) / "bin" / "python")
+
+
+def clean_spawn() -> None:
+    """One ``python -I -c 'print(1)'`` of ``clean_interpreter()``."""
+    subprocess.run([clean_interpreter(), "-I", "-c", SNIPPET], check=True, capture_output=True)
 
 
 class HostClient:
