@@ -288,7 +288,7 @@ class Child:
                     self.group_memory_mb = limits.memory_mb
                 # Out of the reserve's low priority: the processes of its own group,
                 # never a pid that may have been reaped and handed to someone else.
-                for pid in self.isolation.cgroups.members(self.cgroup):
+                for pid in self.isolation.cgroups.members(self.cgroup, one_list=True):
                     with contextlib.suppress(ProcessLookupError):
                         os.setpriority(os.PRIO_PROCESS, pid, 0)
             # The file first: the code must be there before it runs.
