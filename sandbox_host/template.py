@@ -358,6 +358,7 @@ def sandbox(
         # Back to the name a fresh interpreter would have, now that it runs the code.
         set_name(comm)
 
+    waiter.rehearse()
     waiter.serve(code_fd, status_fd, arrived)
     os._exit(0)
 

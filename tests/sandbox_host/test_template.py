@@ -348,6 +348,29 @@ def test_no_frame_of_the_template_above_the_code_holds_a_pid(host):
     assert result.status == "succeeded" and result.stdout == "[]\n", result
 
 
+def test_the_rehearsal_while_waiting_leaves_nothing_the_code_can_see(host):
+    # A template's prepared child walks an execution's path on a constant before its
+    # code comes (waiter.rehearse). Its code must find what the code of a sandbox
+    # prepared by bubblewrap finds (the same waiter, in an interpreter of its own, with
+    # no rehearsal): the same globals and cache, no object or output of the rehearsal,
+    # its own limits.
+    code = """
+    import gc, io, linecache, resource, sys
+    print(sorted(globals()), sorted(linecache.cache))
+    print(sum(1 for o in gc.get_objects() if type(o) is io.StringIO or (type(o) is dict and "sink" in o)))
+    print(resource.getrlimit(resource.RLIMIT_AS), resource.getrlimit(resource.RLIMIT_CPU))
+    print(sys.modules["__main__"] is sys.modules[__name__])
+    """
+    wait_until(lambda: len(waiting_sandboxes(host)) >= 1, timeout=20, what="a prepared child")
+    prepared = _run(host, code)
+    with start_host(TOKEN, extra_args=("--template", "off")) as bwrap_host:
+        wait_until(lambda: len(waiting_sandboxes(bwrap_host)) >= 1, timeout=20, what="a prepared sandbox")
+        fresh = _run(bwrap_host, code)
+    assert prepared.status == "succeeded" and prepared.stderr == "", prepared
+    assert prepared.stdout == fresh.stdout, (prepared.stdout, fresh.stdout)
+    assert prepared.stdout.splitlines()[1] == "0", prepared.stdout
+
+
 def test_under_bubblewrap_the_code_may_still_set_its_own_parent_death_signal():
     # Only a template child is its namespace's init; a job's tools under bubblewrap keep
     # the prctl they may use.
