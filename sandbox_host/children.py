@@ -286,11 +286,16 @@ class Child:
                 if limits.memory_mb != self.group_memory_mb:
                     self.isolation.cgroups.set_memory(self.cgroup, limits.memory_mb * 1024 * 1024)
                     self.group_memory_mb = limits.memory_mb
-                # Out of the reserve's low priority: the processes of its own group,
-                # never a pid that may have been reaped and handed to someone else.
-                for pid in self.isolation.cgroups.members(self.cgroup, one_list=True):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.setpriority(os.PRIO_PROCESS, pid, 0)
+                # Out of the reserve's low priority, never a pid that may have been
+                # reaped and handed to someone else: a template's child (the one
+                # process of its sandbox until its code runs) checked alive by its
+                # pidfd, else the processes of its own group.
+                if isinstance(self.proc, TemplateProcess):
+                    self.proc.set_priority(0)
+                else:
+                    for pid in self.isolation.cgroups.members(self.cgroup, one_list=True):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.setpriority(os.PRIO_PROCESS, pid, 0)
             # The file first: the code must be there before it runs.
             with open(os.open(self._snippet, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
                 fh.write(code.encode("utf-8", errors="surrogatepass"))

@@ -98,6 +98,20 @@ class TemplateProcess:
         assert self.returncode is not None
         return self.returncode
 
+    def set_priority(self, value: int) -> None:
+        """``setpriority`` on exactly this child, not on a reused pid: done only while
+        its pidfd says it lives, under the lock its collection takes. (Its parent, the
+        template, reaps it; a pid comes back only once the kernel has gone round every
+        other, far longer than these two calls.)"""
+        with self._lock:
+            if self.returncode is not None or self._pidfd < 0:
+                return
+            try:
+                signal.pidfd_send_signal(self._pidfd, 0)
+                os.setpriority(os.PRIO_PROCESS, self.pid, value)
+            except ProcessLookupError:
+                return  # ended: its pid may belong to someone else by now
+
     def kill(self) -> None:
         """SIGKILL the child by its pidfd: exactly it, never a reused pid. It is its PID
         namespace's init: once it dies, so does everything in the namespace, so no
