@@ -13,7 +13,6 @@ measures it with this checkout's client.
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import subprocess
 import sys
@@ -37,15 +36,13 @@ def main() -> None:
     pauses = [float(p) for p in args.pauses.split(",")]
     token = secrets.token_urlsafe(32)
     checkout = args.checkout.resolve()
-    # The host runs from the other checkout's tree: its modules first on the path.
-    env = {"PYTHONPATH": str(checkout)} if checkout != ROOT else None
-    cwd = os.getcwd()
-    os.chdir(checkout)
+    # The host starts in the other checkout's tree, so its modules are the ones imported
+    # (``python -m`` puts the working directory first on the path).
+    host = processes.start_host(token, host_id="pauses", checkout=checkout)
     try:
-        host = processes.start_host(token, host_id="pauses", env=env)
-    finally:
-        os.chdir(cwd)
-    try:
+        ran = Path(f"/proc/{host.popen.pid}/cwd").resolve()
+        if ran != checkout:
+            raise SystemExit(f"host_pauses: the host runs in {ran}, not {checkout}")
         commit = subprocess.run(
             ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()

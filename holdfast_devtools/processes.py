@@ -49,7 +49,10 @@ class Child:
         ready: re.Pattern[str],
         *,
         split_stderr: bool = False,
+        cwd: str | Path | None = None,
     ) -> None:
+        """``cwd``: where it starts (this checkout by default); ``python -m`` puts it
+        first on ``sys.path``, ahead of ``PYTHONPATH``, so it decides whose code runs."""
         self.name = name
         self.lines: list[str] = []  # every line, both streams, in arrival order
         self.stdout_lines: list[str] = []
@@ -58,7 +61,7 @@ class Child:
         self._ready = threading.Event()
         self._pattern = ready
         stderr = subprocess.PIPE if split_stderr else subprocess.STDOUT
-        self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self.popen = subprocess.Popen(argv, cwd=cwd or ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
         self.pid = self.popen.pid
         self._readers = [threading.Thread(target=self._read, args=(self.popen.stdout, self.stdout_lines), daemon=True)]
         if split_stderr:
@@ -152,8 +155,10 @@ def start_host(
     env: dict[str, str] | None = None,
     extra_args: tuple[str, ...] | list[str] = (),
     timeout_s: float = HOST_START_TIMEOUT_S,
+    checkout: str | Path | None = None,
 ) -> HostProcess:
-    """A host listening on ``listen`` (port 0: any free port), ready; the caller stops it."""
+    """A host listening on ``listen`` (port 0: any free port), ready; the caller stops it.
+    ``checkout``: another tree whose host to run (a bench comparing two revisions)."""
     argv = [sys.executable, "-m", "sandbox_host", "--listen", listen]
     if host_id:
         argv += ["--host-id", host_id]
@@ -162,7 +167,9 @@ def start_host(
     child_env["HOLDFAST_SANDBOX_TOKEN"] = token
     if env and "HOLDFAST_SANDBOX_TOKEN" in env:  # a test of the empty-token refusal
         child_env["HOLDFAST_SANDBOX_TOKEN"] = env["HOLDFAST_SANDBOX_TOKEN"]
-    host = HostProcess(f"host {host_id or ''}".strip(), argv, child_env, HOST_LISTENING, split_stderr=True)
+    host = HostProcess(
+        f"host {host_id or ''}".strip(), argv, child_env, HOST_LISTENING, split_stderr=True, cwd=checkout
+    )
     if not host._ready.wait(timeout_s) or host.match is None:
         host.kill()
         host.stop(timeout=5)
