@@ -178,10 +178,6 @@ class Child:
             if args_fd is not None:
                 fds.append(args_fd)
             spec = {"cgroups": joins, "rlimits": self._rlimits(), "argv": command, "die_with_parent": os.getpid()}
-            if self.code is None and self.cgroup:
-                # Prepared ahead: at low priority until its execution arrives (``deliver``
-                # finds its processes through its groups and restores them).
-                spec["nice"] = defaults.DEFAULT_RESERVE_NICE
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", WRAPPER_PATH, json.dumps(spec)],
                 stdin=subprocess.DEVNULL,
@@ -193,6 +189,12 @@ class Child:
                 close_fds=True,
                 pass_fds=tuple(fds),
             )
+            if self.code is None and self.cgroup:
+                # Prepared ahead: at low priority until its execution arrives. Set here,
+                # before anyone can take it (``deliver`` restores it, maybe at once), and
+                # long before bubblewrap forks the sandbox, which inherits it.
+                with contextlib.suppress(OSError):  # a priority is fairness, not containment
+                    os.setpriority(os.PRIO_PROCESS, self.proc.pid, defaults.DEFAULT_RESERVE_NICE)
         except OSError as exc:
             self._close_status()
             self.cleanup()
@@ -289,11 +291,15 @@ class Child:
                 # Out of the reserve's low priority, never a pid that may have been
                 # reaped and handed to someone else: a template's child (the one
                 # process of its sandbox until its code runs) checked alive by its
-                # pidfd, else the processes of its own group.
+                # pidfd; else our own child (unreaped, so its pid is still its own),
+                # which may not have joined its groups yet, and the processes there.
                 if isinstance(self.proc, TemplateProcess):
                     self.proc.set_priority(0)
                 else:
-                    for pid in self.isolation.cgroups.members(self.cgroup, one_list=True):
+                    pids = set(self.isolation.cgroups.members(self.cgroup, one_list=True))
+                    if self.proc is not None and self.proc.poll() is None:
+                        pids.add(self.proc.pid)
+                    for pid in pids:
                         with contextlib.suppress(ProcessLookupError):
                             os.setpriority(os.PRIO_PROCESS, pid, 0)
             # The file first: the code must be there before it runs.

@@ -44,10 +44,6 @@ def main(argv: list[str]) -> None:
     for procs in spec.get("cgroups", ()):
         with open(procs, "w") as fh:
             fh.write(str(os.getpid()))
-    if spec.get("nice"):
-        # A sandbox started ahead of time yields the CPU to executions that run now; the
-        # host puts it back to normal priority when its execution arrives.
-        os.nice(spec["nice"])
     # Hard limits too: lowered here, user code can never raise them again.
     for name, value in spec["rlimits"].items():
         resource.setrlimit(RLIMITS[name], (value, value))

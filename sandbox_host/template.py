@@ -263,6 +263,14 @@ def spawn(request: dict, fds: list[int], config: dict, waiter: types.ModuleType,
     pid_ns_reset(config)
     os.close(alive_r)
     CHILDREN[pid] = (os.dup(exit_fd), alive_w)
+    if request.get("nice"):
+        # Set here, before the host hears of the child, not by the child itself: the
+        # host restores it when the execution arrives, which may be at once, and a
+        # child lowering itself after that would run the code at low priority.
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, request["nice"])
+        except OSError:
+            pass  # a priority is fairness, not containment
     return {"pid": pid}
 
 
@@ -304,8 +312,6 @@ def sandbox(
         for procs in request["cgroups"]:
             with open(procs, "w") as fh:
                 fh.write("0")  # ourselves (our pid here is 1, not the host's view of it)
-        if request.get("nice"):
-            os.nice(request["nice"])
         # The cgroup namespace after joining, so its root is the execution's own group.
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP), "unshare")
         loopback_up()
@@ -358,7 +364,8 @@ def sandbox(
         # Back to the name a fresh interpreter would have, now that it runs the code.
         set_name(comm)
 
-    waiter.rehearse()
+    if not select.select([code_fd], [], [], 0)[0]:
+        waiter.rehearse()  # prepared ahead: while it waits (forked on arrival: no time to gain)
     waiter.serve(code_fd, status_fd, arrived)
     os._exit(0)
 

@@ -99,10 +99,11 @@ class TemplateProcess:
         return self.returncode
 
     def set_priority(self, value: int) -> None:
-        """``setpriority`` on exactly this child, not on a reused pid: done only while
-        its pidfd says it lives, under the lock its collection takes. (Its parent, the
-        template, reaps it; a pid comes back only once the kernel has gone round every
-        other, far longer than these two calls.)"""
+        """``setpriority`` on this child, not on a reused pid: only while its pidfd
+        says it lives (a zombie too). Its parent, the template, may reap it between
+        the check and the call; its pid could then be someone else's only once the
+        kernel has handed out every other pid, far longer than these two calls. (A
+        read of its group's members had the same window.)"""
         with self._lock:
             if self.returncode is not None or self._pidfd < 0:
                 return

@@ -86,16 +86,19 @@ def rehearse() -> None:
     first write to a page copies it (a page fault): made now, those copies are not made
     while the code runs (``bench/child_faults.py``: 42 faults during ``print(1)``, 14
     after). Runs contained as the code will, and leaves nothing the code could see: no
-    module, no cache entry, no output. One that fails costs only the copies."""
+    module, no cache entry, no output. A step that fails costs only its copies."""
     with contextlib.suppress(Exception):
-        for name in json.loads('{"as_bytes": 0, "cpu_s": 0}'):
-            resource.setrlimit(LIMITS[name], resource.getrlimit(LIMITS[name]))  # unchanged
         namespace = {"__builtins__": builtins, "sink": io.StringIO()}
         exec(compile("print(1, file=sink)\n", FILENAME, "exec"), namespace)  # noqa: S102 - a constant
+        del namespace
+    with contextlib.suppress(Exception):
         "1\n".splitlines(True)
         for stream in (sys.stdout, sys.stderr):
             stream.write("")
             stream.flush()
+    with contextlib.suppress(Exception):
+        for name in json.loads('{"as_bytes": 0, "cpu_s": 0}'):
+            resource.setrlimit(LIMITS[name], resource.getrlimit(LIMITS[name]))  # unchanged
 
 
 def run(source: str) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -14,11 +17,13 @@ from sandbox_host import defaults
 from sandbox_host.children import WAITER_INSIDE
 from sandbox_host.template_host import WAITING_NAME
 from tests.support.host import connect, descendants, execute, start_host
-from tests.timing import wait_until
+from tests.timing import scaled, wait_until
 
 from .conftest import TOKEN
 
 pytestmark = pytest.mark.peer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = textwrap.dedent(
     """
@@ -179,6 +184,45 @@ def test_a_prepared_sandbox_runs_at_normal_priority_whatever_it_waited_at(host):
         ws.close()
     assert (result.status, result.stdout) == ("succeeded", "0\n")
     wait_until(lambda: prepared_starts(host) - before == 1, timeout=5, what="it to have run prepared")
+
+
+# In a process of its own, so that the template it starts dies with it.
+TAKEN_AT_ONCE = """
+import dataclasses, os, sys
+from sandbox_host import isolation, uids
+from sandbox_host.children import Child, Limits
+from sandbox_host.template_host import Template
+
+base, lock_fd = uids.claim(1)
+contained = isolation.build(isolation.FULL, uid_base=base)
+if sys.argv[1] == "template":
+    template = Template(contained)
+    template.start()
+    contained = dataclasses.replace(contained, template=template)
+child = Child(None, Limits(timeout_ms=60_000, memory_mb=256), isolation=contained, uid=base)
+child.start()
+waiting_at = os.getpriority(os.PRIO_PROCESS, child.proc.pid)
+child.deliver("import os; print(os.getpriority(os.PRIO_PROCESS, 0))", Limits(timeout_ms=10_000, memory_mb=256))
+outcome = child.wait()
+child.cleanup()
+print(waiting_at, outcome.status, outcome.stdout.strip())
+"""
+
+
+@pytest.mark.parametrize("source", ["template", "bwrap"])
+def test_a_sandbox_taken_the_moment_it_was_prepared_runs_its_code_at_normal_priority(source):
+    # The host restores a prepared sandbox's priority when its execution arrives, which
+    # may be the moment it was started (a burst empties the reserve): the sandbox must
+    # be at its low priority before anyone can take it, never lower itself afterwards.
+    found = subprocess.run(
+        [sys.executable, "-c", TAKEN_AT_ONCE, source],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
+    )
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.split() == [str(defaults.DEFAULT_RESERVE_NICE), "succeeded", "0"], found.stdout
 
 
 def test_delivery_bounds_the_groups_memory_by_the_executions_own():
