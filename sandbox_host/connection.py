@@ -249,7 +249,7 @@ class Connection:
             finally:
                 self.executions.discard(frame.id)
 
-        threading.Thread(target=body, name=f"exec-{frame.id}", daemon=True).start()
+        self.host.workers.run(body, name=f"exec-{frame.id}")
 
     # --- output ------------------------------------------------------------------
 

@@ -55,6 +55,12 @@ DEFAULT_RESERVE_MAX_TIMEOUT_MS = 300_000
 # and a client asking 1 MiB must not leave every next sandbox dying as it is prepared.
 # A smaller request has its bound set when its code arrives, as any other size does.
 DEFAULT_RESERVE_MIN_GROUP_MEMORY_MB = 64
+# Execution threads kept waiting for the next execution once theirs has ended
+# (workers.py): starting a thread costs the path of every execution about 0.2 ms. A few
+# cover one connection's steady trickle; a burst starts more, which then end after the
+# idle time.
+DEFAULT_IDLE_EXECUTION_THREADS = 8
+DEFAULT_IDLE_EXECUTION_THREAD_S = 60.0
 # Niceness of a sandbox while it is being prepared and waits (root hosts; restored to 0
 # when its execution arrives): starting the next one never slows the one running now.
 DEFAULT_RESERVE_NICE = 10

@@ -31,6 +31,7 @@ from .isolation import Isolation
 from .log import log
 from .reserve import Reserve
 from .runs import RunLimits, RunSandboxes, default_state_dir
+from .workers import Workers
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Host:
         self.settings = settings
         reserve_size = settings.reserve if isolation.sandboxed else 0
         self.admission = Admission(settings.max_concurrent, spare=reserve_size)
+        self.workers = Workers()
         self.reserve = (
             Reserve(
                 reserve_size,

@@ -45,6 +45,9 @@ def test_pre_auth_connections_over_the_caps_are_refused_and_authenticated_work_g
     with start_host(sandbox_token, extra_args=args) as host, contextlib.ExitStack() as stack:
         worker = connect(host.url, sandbox_token)  # authenticated before the flood
         stack.callback(worker.close)
+        # An execution first: the thread that ran it waits for the next one (workers.py),
+        # so the count below is of connection threads only.
+        assert execute(worker, "print('warm')").stdout == "warm\n"
         baseline = threads(host.pid)
         first_peer = [silent("127.0.0.2", host.port) for _ in range(8)]
         for sock in first_peer:
