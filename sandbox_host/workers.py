@@ -1,7 +1,7 @@
 """The threads that run executions, kept once idle.
 
 Starting a thread costs the connection's thread about 0.2 ms here (it waits until the new
-thread runs): on the path of every execution, between its frame and its code. A thread
+thread runs; ``bench/thread_handoff.py``): on the path of every execution, between its frame and its code. A thread
 that has finished an execution waits for the next one instead, for a while; handing it
 one is a single wake. At most ``keep`` wait; one that waited ``idle_s`` with nothing to
 do ends. A thread only ever waits between executions, so whatever an execution started
