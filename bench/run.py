@@ -13,7 +13,8 @@ none). Rows, each against its baseline:
   same database work without a sandbox (P2: claim the row, store a result), and vs
   one that makes Holdfast's own claim and finish (fair dispatch, the parked nudge,
   the notification): what the database steps cost apart from the sandbox;
-* resident memory of an idle host, and its peak with 8 executions in flight;
+* the memory (PSS) of an idle host and its children, and its peak with 8 executions
+  in flight;
 * host side (issue 12), on a host's own WebSocket, frame in to result frame out: a
   trivial execution in a prepared sandbox (the reserve) and in one started on arrival
   (``--reserve 0``), each from the warm template (the default) and from bubblewrap and
@@ -64,25 +65,10 @@ def ms(samples: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1000, p95 * 1000
 
 
-def rss_kib(pid: int) -> int:
-    """Resident memory of ``pid`` and all its descendants, in KiB."""
-    total = 0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            pids = [int(proc.name)]
-            stat = (proc / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if int(proc.name) != pid and not _descends(ppid, pid):
-                continue
-            for line in (proc / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-            del pids
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+def memory_kib(pid: int) -> int:
+    """Proportional set size of ``pid`` and every live process below it, in KiB: pages
+    they share are split among them, not counted once per process (a sum of RSS is)."""
+    return host_speed.pss_kib(tree(pid))
 
 
 def _descends(ppid: int, ancestor: int) -> bool:
@@ -371,7 +357,7 @@ def main() -> None:
     rows: list[tuple[str, str, str, str]] = []
     try:
         time.sleep(0.5)
-        idle_rss = rss_kib(host.popen.pid)
+        idle_memory = memory_kib(host.popen.pid)
         base = bare_subprocess(n)
         bare_host = uncontained(token, n)
         pool = SandboxPool(pool_config(processes.host_url(host), token))
@@ -380,12 +366,12 @@ def main() -> None:
         peak = [0]
         stop = threading.Event()
 
-        def sample_rss() -> None:
+        def sample_memory() -> None:
             while not stop.is_set():
-                peak[0] = max(peak[0], rss_kib(host.popen.pid))
+                peak[0] = max(peak[0], memory_kib(host.popen.pid))
                 time.sleep(0.05)
 
-        sampler = threading.Thread(target=sample_rss)
+        sampler = threading.Thread(target=sample_memory)
         sampler.start()
         conc, throughput = pooled(pool, n * 2, 8)
         stop.set()
@@ -453,7 +439,10 @@ def main() -> None:
     print(f"{'what':<{width}}  {'p50 ms':>8}  {'p95 ms':>8}  {'rate':>9}")
     for name, p50, p95, rate in rows:
         print(f"{name:<{width}}  {p50:>8}  {p95:>8}  {rate:>9}")
-    print(f"\nhost resident memory: idle {idle_rss / 1024:.1f} MiB, peak with 8 in flight {peak[0] / 1024:.1f} MiB")
+    print(
+        f"\nhost memory (PSS, the host and its children): idle {idle_memory / 1024:.1f} MiB, "
+        f"peak with 8 in flight {peak[0] / 1024:.1f} MiB"
+    )
     for line in speed["notes"]:
         print(line)
 

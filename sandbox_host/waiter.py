@@ -40,6 +40,7 @@ import resource
 import sys
 import traceback
 import types
+from importlib.machinery import SourceFileLoader
 
 FILENAME = "/holdfast/main.py"
 LIMITS = {"as_bytes": resource.RLIMIT_AS, "cpu_s": resource.RLIMIT_CPU}
@@ -105,7 +106,12 @@ def run(source: str) -> None:
     # Tracebacks read the source through linecache, as they would from the file.
     linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
     module = types.ModuleType("__main__")
+    # What the interpreter gives a script's __main__, its loader reading the file the
+    # host wrote for tracebacks and inspect (sandbox.py mounts it at FILENAME).
     module.__file__ = FILENAME
+    module.__cached__ = None
+    module.__annotations__ = {}
+    module.__loader__ = SourceFileLoader("__main__", FILENAME)
     module.__builtins__ = builtins
     sys.modules["__main__"] = module
     sys.argv = [FILENAME]

@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -369,6 +370,25 @@ def test_the_rehearsal_while_waiting_leaves_nothing_the_code_can_see(host):
     assert prepared.status == "succeeded" and prepared.stderr == "", prepared
     assert prepared.stdout == fresh.stdout, (prepared.stdout, fresh.stdout)
     assert prepared.stdout.splitlines()[1] == "0", prepared.stdout
+
+
+def test_the_code_finds_the_main_module_a_script_run_by_python_finds(host, tmp_path):
+    # waiter.run stands in for ``python -I /holdfast/main.py``: the code's ``__main__``
+    # must hold what a script's does (its loader reading the file, ``__cached__``,
+    # ``__annotations__``), so code that reads them runs as it would from a file.
+    code = """
+    import inspect
+    print(sorted(globals()), type(__loader__).__name__, __loader__.name, __cached__, __annotations__, __spec__)
+    print(repr(__loader__.get_source("__main__").splitlines()[0]), __package__, __doc__)
+    """
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent(code))
+    direct = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=60)
+    assert direct.returncode == 0, direct.stderr
+    wait_until(lambda: len(waiting_sandboxes(host)) >= 1, timeout=20, what="a prepared child")
+    result = _run(host, code)
+    assert result.status == "succeeded" and result.stderr == "", result
+    assert result.stdout == direct.stdout
 
 
 def test_under_bubblewrap_the_code_may_still_set_its_own_parent_death_signal():
