@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import statistics
 import sys
 import tempfile
@@ -34,7 +35,9 @@ from holdfast_wire import protocol  # noqa: E402
 CHAIN = (
     "client sends",
     "socket readable",
-    "frame parsed",
+    "websocket frame read",
+    "frame decoded",
+    "execute requested",
     "admitted",
     "execution thread running",
     "deliver begins",
@@ -65,6 +68,7 @@ def main() -> None:
     token = secrets.token_urlsafe(32)
     host = processes.start_host(token, host_id="marks", env=env)
     client_marks: list[tuple[float, str]] = []
+    ws = None
     try:
         ws = websocket.create_connection(processes.host_url(host), timeout=30)
         ws.send(protocol.encode(protocol.Auth(token=token, client="bench")))
@@ -88,20 +92,27 @@ def main() -> None:
             if i >= 5:
                 client_marks += [(sent, "client sends"), (received, "client has the result")]
             time.sleep(args.pause_s)
-        ws.close()
     finally:
+        if ws is not None:
+            ws.close()
         host.stop()
     host_marks = [(float(t), what) for t, what in (line.split(" ", 1) for line in marks_path.read_text().splitlines())]
+    shutil.rmtree(work)
     report(client_marks, host_marks, args)
 
 
 def report(client_marks: list[tuple[float, str]], host_marks: list[tuple[float, str]], args) -> None:
     steps: dict[str, list[float]] = {what: [] for what in CHAIN[1:]}
     totals = []
-    for (start, _), (end, _) in zip(client_marks[::2], client_marks[1::2], strict=True):
+    starts = [t for t, _ in client_marks[::2]]
+    for i, ((start, _), (end, _)) in enumerate(zip(client_marks[::2], client_marks[1::2], strict=True)):
         at = {"client sends": start, "client has the result": end}
+        # Up to the next execution, not to the client's mark: a host step that ends
+        # after the client has the result (the end of its send) still counts here, and
+        # the client's row then shows it as negative instead of hiding it.
+        until = starts[i + 1] if i + 1 < len(starts) else float("inf")
         for t, what in host_marks:
-            if start <= t <= end:
+            if start <= t < until:
                 at.setdefault(what, t)
         previous = start
         for what in CHAIN[1:]:

@@ -51,7 +51,9 @@ def _readable(*args, **kwargs):
 
 # The connection's read loop waits in select.select: a module of our own in its place.
 connection.select = types.SimpleNamespace(select=_readable)
-_around(connection.Connection, "_execute", "frame parsed", None)
+_around(connection.Connection, "_handle_event", "websocket frame read", None)
+_around(connection.Connection, "_handle_session_events", "frame decoded", None)
+_around(connection.Connection, "_execute", "execute requested", None)
 _around(executions.Admission, "admit", None, "admitted")
 _around(connection, "run_execution", "execution thread running", None)
 _around(children.Child, "deliver", "deliver begins", "code delivered")

@@ -45,19 +45,21 @@ def main() -> None:
             "UPDATE one row (commit)": lambda: db.execute("UPDATE holdfast_bench_idle SET v = v + 1 WHERE id = 1"),
             "BEGIN; SELECT 1; COMMIT": in_transaction,
         }
-        print(f"{'statement':<26} {'pause ms':>9} {'p50 ms':>8} {'p90 ms':>8}")
-        for pause in (float(p) for p in args.pauses.split(",")):
-            for name, statement in statements.items():
-                samples = []
-                for _ in range(args.n):
-                    time.sleep(pause)
-                    started = time.perf_counter()
-                    statement()
-                    samples.append((time.perf_counter() - started) * 1000)
-                samples.sort()
-                p90 = samples[int(len(samples) * 0.9)]
-                print(f"{name:<26} {pause * 1000:>9g} {statistics.median(samples):>8.3f} {p90:>8.3f}")
-        db.execute("DROP TABLE holdfast_bench_idle")
+        try:
+            print(f"{'statement':<26} {'pause ms':>9} {'p50 ms':>8} {'p90 ms':>8}")
+            for pause in (float(p) for p in args.pauses.split(",")):
+                for name, statement in statements.items():
+                    samples = []
+                    for _ in range(args.n):
+                        time.sleep(pause)
+                        started = time.perf_counter()
+                        statement()
+                        samples.append((time.perf_counter() - started) * 1000)
+                    samples.sort()
+                    p90 = samples[int(len(samples) * 0.9)]
+                    print(f"{name:<26} {pause * 1000:>9g} {statistics.median(samples):>8.3f} {p90:>8.3f}")
+        finally:
+            db.execute("DROP TABLE holdfast_bench_idle")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,8 @@ def run(source: str) -> None:
     # host wrote for tracebacks and inspect (sandbox.py mounts it at FILENAME).
     module.__file__ = FILENAME
     module.__cached__ = None
-    module.__annotations__ = {}
+    if sys.version_info < (3, 14):  # from 3.14 annotations are built on demand (PEP 649)
+        module.__annotations__ = {}
     module.__loader__ = SourceFileLoader("__main__", FILENAME)
     module.__builtins__ = builtins
     sys.modules["__main__"] = module

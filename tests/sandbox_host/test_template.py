@@ -377,9 +377,10 @@ def test_the_code_finds_the_main_module_a_script_run_by_python_finds(host, tmp_p
     # must hold what a script's does (its loader reading the file, ``__cached__``,
     # ``__annotations__``), so code that reads them runs as it would from a file.
     code = """
-    import inspect
-    print(sorted(globals()), type(__loader__).__name__, __loader__.name, __cached__, __annotations__, __spec__)
-    print(repr(__loader__.get_source("__main__").splitlines()[0]), __package__, __doc__)
+    # read back through the loader
+    print(sorted(globals()), type(__loader__).__name__, __loader__.name, __cached__, __spec__, __package__, __doc__)
+    print(__loader__.get_source("__main__").splitlines()[1], len(__loader__.get_source("__main__")))
+    print(globals().get("__annotations__"))
     """
     script = tmp_path / "main.py"
     script.write_text(textwrap.dedent(code))
