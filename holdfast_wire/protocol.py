@@ -26,8 +26,9 @@ Errors::
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 1
@@ -336,8 +337,18 @@ FRAME_TYPES: dict[str, type[Frame]] = {
 def encode(frame: Frame) -> str:
     """Serialise a frame to the text of one WebSocket message."""
     body: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": frame.type}
-    body.update(asdict(frame))
+    # The fields as they are: ``asdict`` would deep-copy each value first, and on every
+    # execution's path that copying cost more than the JSON (bench/host_marks.py).
+    for name in _field_names(type(frame)):
+        body[name] = getattr(frame, name)
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+@functools.cache
+def _field_names(cls: type[Frame]) -> tuple[str, ...]:
+    # ``fields`` and not ``__dataclass_fields__``: the latter also lists the ClassVars
+    # (``type``, ``required``), which are not fields of a frame.
+    return tuple(f.name for f in fields(cls))
 
 
 def decode(text: str | bytes) -> Frame:
@@ -365,9 +376,7 @@ def decode(text: str | bytes) -> Frame:
         # bool is an int in Python; a JSON true is never a valid count.
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise ProtocolError("bad_field", f"{kind}.{name} has the wrong type", frame_id=frame_id)
-    # ``fields`` and not ``__dataclass_fields__``: the latter also lists the ClassVars
-    # (``type``, ``required``), which are not constructor arguments.
-    known = {f.name for f in fields(cls)}
+    known = _field_names(cls)
     kwargs = {k: v for k, v in body.items() if k in known}
     if "id" in kwargs and isinstance(kwargs["id"], str) and not _valid_id(kwargs["id"]):
         raise ProtocolError("bad_field", f"{kind}.id is not a valid id", frame_id=None)
@@ -423,6 +432,15 @@ def _cut_to(text: str, budget: int) -> str:
     return text[:low]
 
 
+def encode_result(frame: Result, limit: int = MAX_RESULT_FRAME_BYTES) -> str:
+    """``encode(fit_result(frame, limit))``, encoding once when the frame fits (the
+    usual case: a text of n characters is at most 4n bytes)."""
+    text = encode(frame)
+    if len(text) * 4 <= limit or len(text.encode("utf-8", errors="replace")) <= limit:
+        return text
+    return encode(fit_result(frame, limit))
+
+
 def fit_result(frame: Result, limit: int = MAX_RESULT_FRAME_BYTES) -> Result:
     """``frame`` if its encoding fits in ``limit`` bytes; otherwise the same result with
     stdout and stderr cut (each marked with RESULT_TRUNCATED_MARKER) so that it does.
@@ -469,6 +487,7 @@ __all__ = [
     "StopRun",
     "decode",
     "encode",
+    "encode_result",
     "fit_result",
     "isolation_rank",
     "isolation_refusal",

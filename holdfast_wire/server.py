@@ -180,8 +180,9 @@ class ServerSession:
         if isinstance(frame, protocol.Result):
             # The raw output is capped per stream, but JSON escaping can still grow the
             # frame past what a client accepts: cut it to fit, never send it too large.
-            frame = protocol.fit_result(frame)
-        self._outbox.append(protocol.encode(frame))
+            self._outbox.append(protocol.encode_result(frame))
+        else:
+            self._outbox.append(protocol.encode(frame))
 
     def data_to_send(self) -> list[str]:
         """Frames to write, in order; each is returned once."""

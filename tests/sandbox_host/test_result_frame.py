@@ -27,6 +27,20 @@ def test_a_result_that_fits_is_unchanged():
     assert p.fit_result(frame) is frame
 
 
+@pytest.mark.parametrize(
+    ("stdout", "fits"),
+    [("1\n", True), ("\x01" * 300_000, True), ("é" * (p.MAX_RESULT_FRAME_BYTES // 2 - 200), True),
+     ("é" * (p.MAX_RESULT_FRAME_BYTES // 2), False), ("\x01" * MIB, False)],
+)  # fmt: skip
+def test_the_result_s_text_is_the_text_of_the_result_cut_to_fit(stdout, fits):
+    # What the host sends (encode_result, which skips the cut when the frame surely fits).
+    frame = p.Result(id="a", status="succeeded", exit_code=0, stdout=stdout, stderr="")
+    text = p.encode_result(frame)
+    assert text == p.encode(p.fit_result(frame))
+    assert len(text.encode()) <= p.MAX_RESULT_FRAME_BYTES
+    assert (text == p.encode(frame)) is fits
+
+
 def test_escaped_output_is_cut_until_the_encoded_frame_fits():
     frame = p.Result(id="a", status="succeeded", exit_code=0, stdout="\x01" * 3 * MIB, stderr="\x02" * MIB)
     assert encoded_size(frame) > 6 * p.MAX_RESULT_FRAME_BYTES
