@@ -137,8 +137,9 @@ def _finish_in_one_statement(values: dict, attempts: int, execution_id: str) -> 
         fields.pk.get_db_prep_value(execution_id, connection),
         *(Status.RUNNING, Status.INTERRUPTED, WORKER_LOST),
     ]
+    announce = notify.available()  # read once: the statement and its parameters agree
     returning_params, wake_params = [], []
-    if notify.available():
+    if announce:
         # The stored result rides along when it is small (notify.py, "The result in the
         # notification"): built by this statement from the row it wrote, and only when
         # its text is small enough to be worth building. First on the channel that
@@ -151,7 +152,7 @@ def _finish_in_one_statement(values: dict, attempts: int, execution_id: str) -> 
     # As QuerySet.update does: an error inside an outer atomic block marks it for
     # rollback, so nothing goes on using a transaction the database has aborted.
     with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
-        cursor.execute(_finish_sql(notify.available()), [*params, *returning_params, *wake_params])
+        cursor.execute(_finish_sql(announce), [*params, *returning_params, *wake_params])
         recorded, released = cursor.fetchone()[:2]
     return bool(recorded), bool(released)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from controlplane.executions import actions, fields
@@ -40,9 +41,8 @@ def test_a_running_execution_stores_every_field_of_its_outcome():
     assert row.attempts == 3  # added to the attempts already counted
     assert before <= row.finished_at <= timezone.now()
     # The NUL went through the field's own encoding, as an ORM update stores it.
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT stdout FROM executions_execution WHERE id = %s", [row.pk])
-        assert cursor.fetchone()[0] == fields.encode(OUTCOME.stdout) != OUTCOME.stdout
+    stored_stdout = Execution.objects.filter(pk=row.pk).values_list(Cast("stdout", TextField()), flat=True).get()
+    assert stored_stdout == fields.encode(OUTCOME.stdout) != OUTCOME.stdout
 
 
 def test_a_result_replaces_the_sweep_s_guess_that_its_worker_was_lost():
