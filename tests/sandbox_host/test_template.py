@@ -392,6 +392,15 @@ def test_the_code_finds_the_main_module_a_script_run_by_python_finds(host, tmp_p
     assert result.stdout == direct.stdout
 
 
+def test_code_larger_than_a_pipe_holds_reaches_a_prepared_sandbox_whole(host):
+    # deliver writes the code to the snippet's file and down the pipe the sandbox waits
+    # on; the pipe takes 64 KiB at a time, so a longer code arrives in several writes.
+    code = "text = '" + "ab" * 300_000 + "'\nprint(len(text), text[-3:])\n"
+    wait_until(lambda: len(waiting_sandboxes(host)) >= 1, timeout=20, what="a prepared child")
+    result = _run(host, code)
+    assert result.status == "succeeded" and result.stdout == "600000 bab\n", result
+
+
 def test_under_bubblewrap_the_code_may_still_set_its_own_parent_death_signal():
     # Only a template child is its namespace's init; a job's tools under bubblewrap keep
     # the prctl they may use.
