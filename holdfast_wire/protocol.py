@@ -337,8 +337,8 @@ FRAME_TYPES: dict[str, type[Frame]] = {
 def encode(frame: Frame) -> str:
     """Serialise a frame to the text of one WebSocket message."""
     body: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": frame.type}
-    # The fields as they are: ``asdict`` would deep-copy each value first, and on every
-    # execution's path that copying cost more than the JSON (bench/host_marks.py).
+    # The fields as they are: ``asdict`` would deep-copy each value first, which cost
+    # more than the JSON on every execution's path (bench/path_costs.py).
     for name in _field_names(type(frame)):
         body[name] = getattr(frame, name)
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)

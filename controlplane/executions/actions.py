@@ -130,11 +130,11 @@ def _finish_in_one_statement(values: dict, attempts: int, execution_id: str) -> 
     ms of the worker's time on each execution's path (docs/benchmarks.md, sixth
     session). Each value still goes through its field's own conversion for the
     database (``get_db_prep_save``: the output fields' NUL encoding, the time zone)."""
-    fields = Execution._meta
-    params = [fields.get_field(name).get_db_prep_save(values[name], connection) for name in FINISH_FIELDS]
+    meta = Execution._meta
+    params = [meta.get_field(name).get_db_prep_save(values[name], connection) for name in FINISH_FIELDS]
     params += [
         attempts,
-        fields.pk.get_db_prep_value(execution_id, connection),
+        meta.pk.get_db_prep_value(execution_id, connection),
         *(Status.RUNNING, Status.INTERRUPTED, WORKER_LOST),
     ]
     announce = notify.available()  # read once: the statement and its parameters agree
@@ -161,15 +161,11 @@ def _finish_in_one_statement(values: dict, attempts: int, execution_id: str) -> 
 def _finish_sql(announce: bool) -> str:
     """The statement ``_finish_in_one_statement`` runs: the same text for every finish,
     so built once per process (and per ``announce``: whether it notifies)."""
-
-    def column(field: str) -> str:
-        return connection.ops.quote_name(Execution._meta.get_field(field).column)
-
     table = connection.ops.quote_name(Execution._meta.db_table)
-    sets = ", ".join(f"{column(name)} = %s" for name in FINISH_FIELDS)
-    attempts, status = column("attempts"), column("status")
+    sets = ", ".join(f"{_column(name)} = %s" for name in FINISH_FIELDS)
+    attempts, status = _column("attempts"), _column("status")
     update = FINISH_UPDATE_SQL.format(
-        table=table, sets=sets, attempts=attempts, id=column("id"), status=status, error=column("error")
+        table=table, sets=sets, attempts=attempts, id=_column("id"), status=status, error=_column("error")
     )
     returning, wake = "1", ""
     if announce:
@@ -186,13 +182,14 @@ def _finish_sql(announce: bool) -> str:
 def _announced_sql() -> str:
     """The RETURNING that builds the carried result (its size limit a parameter): the
     same text for every finish, so built once."""
-
-    def column(field: str) -> str:
-        return connection.ops.quote_name(Execution._meta.get_field(field).column)
-
-    text = " + ".join(f"octet_length({column(name)})" for name in ("stdout", "stderr", "error", "host_id"))
-    pairs = ", ".join(f"'{name}', {column(name)}" for name in notify.ANNOUNCED)
+    text = " + ".join(f"octet_length({_column(name)})" for name in ("stdout", "stderr", "error", "host_id"))
+    pairs = ", ".join(f"'{name}', {_column(name)}" for name in notify.ANNOUNCED)
     return f"CASE WHEN {text} <= %s THEN json_build_object({pairs})::text END AS announced"
+
+
+def _column(field: str) -> str:
+    """The quoted column of an Execution field, for the statements built once here."""
+    return connection.ops.quote_name(Execution._meta.get_field(field).column)
 
 
 def request_cancel(execution_id: str) -> str:
