@@ -10,6 +10,10 @@ machine, where one run of the full table is not enough. One command:
     CELERY_BROKER_URL=redis://127.0.0.1:6379/11 \\
     .venv/bin/python bench/execute_cpu.py --rounds 3 --n 40
 
+``--reserve 58`` gives the host a reserve that covers a round of 40 (and the two
+warm-up calls): its sandboxes are prepared in the pause before the round
+(``sandbox_host/reserve.py``), none beside it.
+
 With ``--loop-seconds S`` it only calls ``execute()`` back to back for S seconds: a
 steady load to profile the whole machine under, with ``perf`` beside it:
 
@@ -58,6 +62,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n", type=int, default=40, help="calls of each kind per round")
     parser.add_argument("--loop-seconds", type=float, default=0.0, help="only execute(), back to back, this long")
+    parser.add_argument(
+        "--reserve",
+        type=int,
+        default=None,
+        help="the host's --reserve (default: its own); run.reserve_for_burst(n) covers a round",
+    )
     args = parser.parse_args()
     from django.core.management import call_command
 
@@ -68,9 +78,10 @@ def main() -> None:
 
     ensure("bench")
     token = secrets.token_urlsafe(32)
-    host = processes.start_host(token, host_id="bench")
+    host_args = () if args.reserve is None else ("--reserve", str(args.reserve))
+    host = processes.start_host(token, host_id="bench", extra_args=host_args)
     try:
-        time.sleep(0.5)
+        time.sleep(0.5 + (args.reserve or 0) * 0.03)  # the reserve fills
         env = {"HOLDFAST_SANDBOX_URL": processes.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}
         worker = processes.start_worker(
             env, concurrency=4, name="bench-worker", extra_args=("--include", "bench.tasks")

@@ -123,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         help="sandboxes kept started ahead of time, each waiting for one execution's code (0: none)",
     )
     parser.add_argument(
+        "--reserve-quiet-ms",
+        type=int,
+        default=int(defaults.DEFAULT_RESERVE_QUIET_S * 1000),
+        help="refill the reserve once the host has been this quiet (sooner when it runs low)",
+    )
+    parser.add_argument(
         "--state-dir",
         default="",
         help="where run records live (default: holdfast-host-<host id> under the temp dir); "
@@ -164,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-runs must be >= 0")
     if not 0 <= args.reserve <= defaults.DEFAULT_UID_BLOCK_SIZE - args.max_concurrent:
         parser.error("--reserve must be >= 0 and fit with --max-concurrent in one uid block")
+    if args.reserve_quiet_ms < 0:
+        parser.error("--reserve-quiet-ms must be >= 0")
     if args.scratch_mb < 1:
         parser.error("--scratch-mb must be >= 1")
     if args.max_pre_auth < 1 or args.max_pre_auth_per_peer < 1:
@@ -238,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             max_pre_auth=args.max_pre_auth,
             max_pre_auth_per_peer=args.max_pre_auth_per_peer,
             reserve=args.reserve,
+            reserve_quiet_s=args.reserve_quiet_ms / 1000,
             state_dir=args.state_dir,
         ),
         tls=tls,

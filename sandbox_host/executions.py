@@ -200,7 +200,8 @@ def run_execution(
             exit_code=outcome.exit_code,
             duration_ms=outcome.duration_ms,
         )
-        if prepared and reserve is not None:
+        if reserve is not None:
+            # Whether it ran prepared or not (the reserve may be empty): the host is busy.
             reserve.replenish()
     except Exception as exc:  # a host bug must not leak the slot or kill the connection thread
         log("execution_internal_error", conn=conn_id, id=frame.id, error=exc.__class__.__name__)

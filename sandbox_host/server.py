@@ -48,6 +48,7 @@ class Settings:
     max_pre_auth: int = defaults.DEFAULT_MAX_PRE_AUTH
     max_pre_auth_per_peer: int = defaults.DEFAULT_MAX_PRE_AUTH_PER_PEER
     reserve: int = defaults.DEFAULT_RESERVE_SIZE
+    reserve_quiet_s: float = defaults.DEFAULT_RESERVE_QUIET_S
     # Where run records live; empty means the default per host id under the temp dir.
     state_dir: str = ""
 
@@ -80,6 +81,7 @@ class Host:
                 isolation=isolation,
                 take_slot=self.admission.take_slot,
                 return_slot=self.admission.return_slot,
+                quiet_s=settings.reserve_quiet_s,
             )
             if reserve_size
             else None

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,30 @@ def test_two_executions_share_nothing(host):
     # (docs/operations.md says why that is harmless); a fresh interpreter draws its own.
     assert (a[2] == b[2]) == template_on(host)
     assert a[3:] == b[3:] == ["[]", "1"]  # each found /tmp empty and saw only its own file
+
+
+def test_the_reserve_refills_in_the_pause_after_a_burst_and_at_once_when_it_runs_low():
+    # The quiet period is far longer than the checks below take: only the rule can
+    # explain what they see.
+    quiet_s = scaled(4.0)
+    args = ("--reserve", "4", "--reserve-quiet-ms", str(int(quiet_s * 1000)))
+    with start_host(TOKEN, extra_args=args) as host:
+        wait_until(lambda: len(waiting_sandboxes(host)) == 4, timeout=30, what="the reserve to fill")
+        ws = connect(host.url, TOKEN)
+        try:
+            burst = [execute(ws, "print(1)") for _ in range(2)]
+            # Two of four left, above the low-water mark (one): nothing is started while
+            # the host is busy, not at the refill's own check (every second) either.
+            time.sleep(scaled(1.2))
+            assert len(waiting_sandboxes(host)) == 2
+            # One left: the next is started as soon as the result is out.
+            low = execute(ws, "print(1)")
+            wait_until(lambda: len(waiting_sandboxes(host)) == 2, timeout=2.5, what="a sandbox started at once")
+        finally:
+            ws.close()
+        # The host is quiet now: the rest follows.
+        wait_until(lambda: len(waiting_sandboxes(host)) == 4, timeout=30, what="the reserve refilled in the pause")
+    assert [r.status for r in (*burst, low)] == ["succeeded"] * 3
 
 
 def test_limits_are_lowered_to_the_executions_own(host):
