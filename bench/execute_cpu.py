@@ -72,6 +72,7 @@ def main() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0, interactive=False)
+    run.vacuum()
     from bench.tasks import plain_task
     from controlplane.executions.tasks import run_execution
     from controlplane.owners.actions import ensure

@@ -45,6 +45,9 @@ def main() -> None:
     for folder in ("queue", "processed", "control"):
         (settings.VAR_DIR / "broker" / folder).mkdir(parents=True, exist_ok=True)
     call_command("migrate", verbosity=0, interactive=False)
+    from bench import run
+
+    run.vacuum()
     from controlplane.executions import api, notify
     from controlplane.owners.actions import ensure
 
