@@ -35,7 +35,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import run
-from holdfast_devtools import processes
 
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -69,51 +68,33 @@ def main() -> None:
         help="the host's --reserve (default: its own); run.reserve_for_burst(n) covers a round",
     )
     args = parser.parse_args()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
-    run.vacuum()
+    run.prepare_database()
     from bench.tasks import plain_task
     from controlplane.executions.tasks import run_execution
-    from controlplane.owners.actions import ensure
 
-    ensure("bench")
-    token = secrets.token_urlsafe(32)
-    host_args = () if args.reserve is None else ("--reserve", str(args.reserve))
-    host = processes.start_host(token, host_id="bench", extra_args=host_args)
-    try:
-        time.sleep(0.5 + (args.reserve or 0) * 0.03)  # the reserve fills
-        env = {"HOLDFAST_SANDBOX_URL": processes.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}
-        worker = processes.start_worker(
-            env, concurrency=4, name="bench-worker", extra_args=("--include", "bench.tasks")
-        )
-        try:
-            run.full_path(3, plain_task)
-            run.full_path(3, run_execution)
-            run.via_execute(3)
-            if args.loop_seconds:
-                loop(args.loop_seconds)
-                return
-            run.via_notified_task(3)
-            for _ in range(args.rounds):
-                plain = statistics.median(run.full_path(args.n, plain_task)) * 1000
-                notified = statistics.median(run.via_notified_task(args.n) or [float("nan")]) * 1000
-                pushed = statistics.median(run.via_execute(args.n)) * 1000
-                print(
-                    f"plain task polled {plain:.2f} ms p50, woken by NOTIFY {notified:.2f} ms p50; "
-                    f"execute() {pushed:.2f} ms p50: {pushed / notified:.2f}x the notified, {pushed / plain:.2f}x "
-                    "the polled",
-                    flush=True,
-                )
-            batch = args.n * 5
-            splits = {
-                "execute()": cpu_split(lambda: run.via_execute(batch)),
-                "the plain task": cpu_split(lambda: run.full_path(batch, plain_task)),
-            }
-        finally:
-            worker.stop()
-    finally:
-        host.stop()
+    with run.host_and_worker(secrets.token_urlsafe(32), reserve=args.reserve):
+        run.full_path(3, plain_task)
+        run.full_path(3, run_execution)
+        run.via_execute(3)
+        if args.loop_seconds:
+            loop(args.loop_seconds)
+            return
+        run.via_notified_task(3)
+        for _ in range(args.rounds):
+            plain = statistics.median(run.full_path(args.n, plain_task)) * 1000
+            notified = statistics.median(run.via_notified_task(args.n) or [float("nan")]) * 1000
+            pushed = statistics.median(run.via_execute(args.n)) * 1000
+            print(
+                f"plain task polled {plain:.2f} ms p50, woken by NOTIFY {notified:.2f} ms p50; "
+                f"execute() {pushed:.2f} ms p50: {pushed / notified:.2f}x the notified, {pushed / plain:.2f}x "
+                "the polled",
+                flush=True,
+            )
+        batch = args.n * 5
+        splits = {
+            "execute()": cpu_split(lambda: run.via_execute(batch)),
+            "the plain task": cpu_split(lambda: run.full_path(batch, plain_task)),
+        }
     for what, rows in splits.items():
         print(f"\nCPU per call of {what} over {batch} back to back (ms; reaped: its children that ended)")
         for used_own, used_reaped, pid, label in rows:

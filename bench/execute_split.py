@@ -25,7 +25,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import run  # sets Django up
-from holdfast_devtools import processes
 
 
 def listened(n: int, submit, pause_s: float) -> tuple[list[float], list[float]]:
@@ -76,44 +75,23 @@ def main() -> None:
     parser.add_argument("--pause-s", type=float, default=0.0, help="after each call, not timed")
     parser.add_argument("--reserve", type=int, default=None, help="the host's --reserve (default: its own)")
     args = parser.parse_args()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
-    run.vacuum()
-    from controlplane.owners.actions import ensure
-
-    ensure("bench")
-    token = secrets.token_urlsafe(32)
-    host_args = () if args.reserve is None else ("--reserve", str(args.reserve))
-    host = processes.start_host(token, host_id="bench", extra_args=host_args)
-    try:
-        time.sleep(0.5 + (args.reserve or 0) * 0.03)  # the reserve fills
-        env = {"HOLDFAST_SANDBOX_URL": processes.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}
-        worker = processes.start_worker(
-            env, concurrency=4, name="bench-worker", extra_args=("--include", "bench.tasks")
-        )
-        try:
-            run.via_notified_task(3)
-            listened(3, fair, 0.0)
-            listened(3, executed, 0.0)
-            print(f"ms p50, {args.n} calls each, pause {args.pause_s * 1000:g} ms after each but the baseline's")
-            for _ in range(args.rounds):
-                base = statistics.median(run.via_notified_task(args.n)) * 1000
-                (fair_calls, fair_submits), (calls, submits) = (
-                    listened(args.n, fair, args.pause_s),
-                    listened(args.n, executed, args.pause_s),
-                )
-                f50, fs50 = (statistics.median(x) * 1000 for x in (fair_calls, fair_submits))
-                e50, es50 = (statistics.median(x) * 1000 for x in (calls, submits))
-                print(
-                    f"notified {base:.2f}; claim+finish+listener {f50:.2f} (submit {fs50:.2f}) {f50 / base:.2f}x; "
-                    f"execute() {e50:.2f} (submit {es50:.2f}) {e50 / base:.2f}x",
-                    flush=True,
-                )
-        finally:
-            worker.stop()
-    finally:
-        host.stop()
+    run.prepare_database()
+    with run.host_and_worker(secrets.token_urlsafe(32), reserve=args.reserve):
+        run.via_notified_task(3)
+        listened(3, fair, 0.0)
+        listened(3, executed, 0.0)
+        print(f"ms p50, {args.n} calls each, pause {args.pause_s * 1000:g} ms after each but the baseline's")
+        for _ in range(args.rounds):
+            base = statistics.median(run.via_notified_task(args.n)) * 1000
+            fair_calls, fair_submits = listened(args.n, fair, args.pause_s)
+            calls, submits = listened(args.n, executed, args.pause_s)
+            f50, fs50 = (statistics.median(x) * 1000 for x in (fair_calls, fair_submits))
+            e50, es50 = (statistics.median(x) * 1000 for x in (calls, submits))
+            print(
+                f"notified {base:.2f}; claim+finish+listener {f50:.2f} (submit {fs50:.2f}) {f50 / base:.2f}x; "
+                f"execute() {e50:.2f} (submit {es50:.2f}) {e50 / base:.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

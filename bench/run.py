@@ -29,6 +29,7 @@ none). Rows, each against its baseline:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import statistics
@@ -55,6 +56,7 @@ from bench import host_speed  # noqa: E402
 from controlplane.pool.outcome import ExecRequest  # noqa: E402
 from controlplane.pool.pool import PoolConfig, SandboxPool  # noqa: E402
 from holdfast_devtools import processes  # noqa: E402
+from sandbox_host import defaults  # noqa: E402
 
 SNIPPET = "print(1)"
 
@@ -250,25 +252,60 @@ def reserve_for_burst(n: int) -> int:
     return (n + 2) * 4 // 3 + 2
 
 
-def execute_with_reserve(token: str, n: int, size: int) -> tuple[list[float], list[float]]:
-    """P2 again on a host whose reserve holds ``size`` sandboxes: the notified plain task
-    and ``execute()``, ``n`` calls each, back to back, on a worker of that host."""
-    host = processes.start_host(token, host_id=f"bench-r{size}", extra_args=("--reserve", str(size)))
+@contextlib.contextmanager
+def host_and_worker(token: str, *, reserve: int | None = None, name: str = "bench"):
+    """A host (``--reserve`` when given, its reserve filled before anything runs) and a
+    Celery worker of it that loads ``bench.tasks``; both stopped on the way out."""
+    host = processes.start_host(token, host_id=name, extra_args=() if reserve is None else ("--reserve", str(reserve)))
     try:
-        time.sleep(1.0 + size * 0.03)  # the reserve fills while nothing else runs
+        wait_for_reserve(host.popen.pid, defaults.DEFAULT_RESERVE_SIZE if reserve is None else reserve)
         env = {"HOLDFAST_SANDBOX_URL": processes.host_url(host), "HOLDFAST_SANDBOX_TOKEN": token}
         worker = processes.start_worker(
-            env, concurrency=4, name="bench-worker-r", extra_args=("--include", "bench.tasks")
+            env, concurrency=4, name=f"{name}-worker", extra_args=("--include", "bench.tasks")
         )
         try:
-            via_notified_task(3)
-            notified = via_notified_task(n)
-            pushed = via_execute(n)
+            yield host, worker
         finally:
             worker.stop()
     finally:
         host.stop()
-    return notified, pushed
+
+
+def wait_for_reserve(host_pid: int, size: int, timeout_s: float = 60.0) -> None:
+    """Until ``size`` sandboxes wait under the host: preparing them costs CPU, and a
+    baseline measured while they are prepared would be slowed by it. A host with no
+    template child waiting after a few seconds has no reserve of that kind (no
+    sandbox, or ``--template off``): then only a pause."""
+    from sandbox_host.template_host import WAITING_NAME
+
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        waiting = 0
+        for pid in tree(host_pid):
+            with contextlib.suppress(OSError):
+                waiting += Path(f"/proc/{pid}/comm").read_text().strip() == WAITING_NAME
+        if waiting >= size or (not waiting and time.monotonic() - started > 5.0):
+            time.sleep(0.3)  # the last one's own set-up settles
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"bench: the host's reserve did not fill to {size} within {timeout_s:g} s")
+
+
+def prepare_database() -> None:
+    """Migrated, vacuumed (``vacuum``), the bench owner there."""
+    from controlplane.owners.actions import ensure
+
+    call_command("migrate", verbosity=0, interactive=False)
+    vacuum()
+    ensure("bench")
+
+
+def execute_with_reserve(token: str, n: int, size: int) -> tuple[list[float], list[float]]:
+    """P2 again on a host whose reserve holds ``size`` sandboxes: the notified plain task
+    and ``execute()``, ``n`` calls each, back to back, on a worker of that host."""
+    with host_and_worker(token, reserve=size, name=f"bench-r{size}"):
+        via_notified_task(3)
+        return via_notified_task(n), via_execute(n)
 
 
 def tree(pid: int) -> list[int]:
@@ -393,11 +430,7 @@ def main() -> None:
     n = args.n
     for folder in ("queue", "processed", "control"):
         (settings.VAR_DIR / "broker" / folder).mkdir(parents=True, exist_ok=True)
-    call_command("migrate", verbosity=0, interactive=False)
-    vacuum()
-    from controlplane.owners.actions import ensure
-
-    ensure("bench")
+    prepare_database()
     token = secrets.token_urlsafe(32)
     host = processes.start_host(token, host_id="bench")
     rows: list[tuple[str, str, str, str]] = []
