@@ -76,12 +76,13 @@ def main() -> None:
     parser.add_argument("--reserve", type=int, default=None, help="the host's --reserve (default: its own)")
     args = parser.parse_args()
     run.prepare_database()
-    with run.host_and_worker(secrets.token_urlsafe(32), reserve=args.reserve):
+    with run.host_and_worker(secrets.token_urlsafe(32), reserve=args.reserve) as (host, _):
         run.via_notified_task(3)
         listened(3, fair, 0.0)
         listened(3, executed, 0.0)
         print(f"ms p50, {args.n} calls each, pause {args.pause_s * 1000:g} ms after each but the baseline's")
         for _ in range(args.rounds):
+            run.wait_for_reserve(host, args.reserve)  # refilled after the last round, nothing beside
             base = statistics.median(run.via_notified_task(args.n)) * 1000
             fair_calls, fair_submits = listened(args.n, fair, args.pause_s)
             calls, submits = listened(args.n, executed, args.pause_s)

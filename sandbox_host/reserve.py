@@ -14,8 +14,9 @@ when it slows nothing down:
   executions is served from the reserve, and the reserve is refilled in the pause after
   it (``DEFAULT_RESERVE_QUIET_S`` gives the figures);
 * at once after an execution's result is out (``replenish``) when the reserve runs low
-  (``low_water`` or fewer ready), so a long burst rarely finds it empty. Not when a
-  sandbox is taken: that would slow the very execution the reserve is there to speed up.
+  (``low_water`` or fewer ready), so a long burst rarely finds it empty. A sandbox taken
+  does not start one: that would slow the very execution the reserve is there to speed
+  up (the refill's timed checks can still find it low while an execution runs).
 
 A reserve of ``low_water`` + 1 or fewer (sizes 1 and 2) and ``quiet_s=0`` refill after
 every result, as the reserve always did; only a reserve larger than a burst serves the
