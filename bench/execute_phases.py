@@ -30,7 +30,6 @@ import django  # noqa: E402
 django.setup()
 
 from django.conf import settings  # noqa: E402
-from django.core.management import call_command  # noqa: E402
 
 from holdfast_devtools import processes  # noqa: E402
 
@@ -44,14 +43,11 @@ def main() -> None:
     args = parser.parse_args()
     for folder in ("queue", "processed", "control"):
         (settings.VAR_DIR / "broker" / folder).mkdir(parents=True, exist_ok=True)
-    call_command("migrate", verbosity=0, interactive=False)
     from bench import run
 
-    run.vacuum()
+    run.prepare_database()
     from controlplane.executions import api, notify
-    from controlplane.owners.actions import ensure
 
-    ensure("bench")
     marks_path = Path(tempfile.mkstemp(prefix="holdfast-marks-")[1])
     token = secrets.token_urlsafe(32)
     host = processes.start_host(token, host_id="bench")

@@ -83,14 +83,15 @@ DEFAULT_RESERVE_CHECK_S = 1.0
 # about 5 ms of CPU (the template's fork, the namespaces, the root), and on a 2-core
 # machine that work slows whatever runs beside it, nice or not: with a reserve of 58,
 # back-to-back execute() calls took 11.2 ms refilled after each result, 7.9 ms refilled
-# in the pause before them (docs/benchmarks.md, seventh session). So a sandbox is started once the
-# host has been quiet this long (no execution taken, no result sent): longer than the
-# gap between the calls of a busy caller, shorter than a pause between occasional ones.
+# in the pause before them (docs/benchmarks.md, seventh session). So a sandbox is
+# started once the host has been quiet this long (no execution taken, no result sent):
+# longer than the gap between the calls of a busy caller, shorter than a pause between
+# occasional ones.
 DEFAULT_RESERVE_QUIET_S = 0.05
 # ... unless the reserve runs low: at or below this share of its size ready (and at
 # least one), the next is started as soon as an execution's result is out (or at the
-# refill's next timed check), so a long
-# burst finds sandboxes ready and does not fall back to starting fresh ones.
+# refill's next timed check), so a long burst finds sandboxes ready and does not fall
+# back to starting fresh ones.
 DEFAULT_RESERVE_LOW_SHARE = 0.25
 # The refill's pause after a sandbox would not start (no free slot, a failing spawn),
 # doubling up to the max: a broken machine is retried, not spun on.

@@ -129,7 +129,7 @@ class Reserve:
                 # Waking now and then to let go of sandboxes that died waiting, so the
                 # reserve refills instead of holding corpses until someone takes them.
                 # Only a result wakes it early (``replenish``): a sandbox taken does not,
-                # so no sandbox is started while an execution starts.
+                # so taking one never starts the next beside the execution it serves.
                 due = self._due_in(time.monotonic())
                 if due != 0.0:
                     check = defaults.DEFAULT_RESERVE_CHECK_S
