@@ -27,19 +27,23 @@ template with the host.
 
 The template builds, once and in a mount namespace of its own, the part of the
 private root that ``sandbox.py`` describes which is the same for every sandbox (the
-read-only binds, masks and /dev; ``build_shared_root``). The child takes its own
-session, joins the execution's control groups, enters new mount, network, IPC, UTS and
-cgroup namespaces (its mount namespace a copy of the template's), adds its own /proc,
-scratch space and snippet to that root (``enter_root``), pivots into it, takes the
-execution's environment, rlimits and slot uid, drops every capability, sets no_new_privs, loads the seccomp filter,
-reseeds the random generators, forgets this module, and only then becomes the waiter
-(``waiter.py``): it reads one header and the code from the code pipe and runs it. Any
-setup failure exits 126 with one line on the execution's stderr, before anything of
-the user's ran.
+read-only binds, masks and /dev; ``build_shared_root``), empties its own capability
+bounding set and runs ``site`` as ``python -I`` would (``prepare_site``): every child
+inherits the three with the fork. The child takes its own session, joins the
+execution's control groups, enters new mount, network, IPC, UTS and cgroup namespaces
+(its mount namespace a copy of the template's), adds its own /proc, scratch space and
+snippet to that root (``enter_root``), pivots into it, takes the execution's
+environment, rlimits and slot uid, drops every capability, sets no_new_privs, loads the
+seccomp filter, reseeds the random generators, forgets this module, and only then
+becomes the waiter (``waiter.py``): it reads one header and the code from the code pipe
+and runs it. Any setup failure exits 126 with one line on the execution's stderr,
+before anything of the user's ran.
 
 Standard library only; single-threaded (it forks).
 """
 
+import _signal
+import _socket
 import ctypes
 import fcntl
 import gc
@@ -116,6 +120,15 @@ class CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+# Built once here, read by every child. A child's set-up costs mostly the template's
+# pages it copies by touching them (bench/child_faults.py): each Python object built and
+# each wrapper function run in a child copies some, so what is the same for every child
+# is made here, and the child calls the C functions beneath the wrappers.
+CAP_HEADER = CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+NO_CAPABILITIES = (CapData * 2)()  # all zero: the inheritable set too
+LOOPBACK_UP = struct.pack("16sH22x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING)
+
+
 def check(rc: int, what: str) -> None:
     if rc != 0:
         errno = ctypes.get_errno()
@@ -126,9 +139,12 @@ def prctl(option: int, arg: int = 0, what: str = "prctl") -> None:
     check(libc.prctl(option, arg, 0, 0, 0), what)
 
 
-def set_name(name: bytes) -> None:
-    """/proc/self/comm (at most 15 bytes); the buffer lives across the call."""
-    buffer = ctypes.create_string_buffer(name[:15])
+def name_buffer(name: str) -> ctypes.Array:
+    """A name for ``set_name``: /proc/self/comm holds at most 15 bytes."""
+    return ctypes.create_string_buffer(name.encode()[:15])
+
+
+def set_name(buffer: ctypes.Array) -> None:
     prctl(PR_SET_NAME, ctypes.addressof(buffer))
 
 
@@ -163,13 +179,21 @@ def main(argv: list[str]) -> None:
         __import__(name)
     waiter = types.ModuleType("holdfast_waiter")
     exec(compile(config.pop("waiter"), "/holdfast/waiter.py", "exec"), waiter.__dict__)  # noqa: S102
-    config["seccomp"] = bytes.fromhex(config["seccomp"])
-    config["cap_last"] = int(open("/proc/sys/kernel/cap_last_cap").read())
+    program = bytes.fromhex(config.pop("seccomp"))
+    buffer = ctypes.create_string_buffer(program, len(program))
+    # The buffer stays referenced beside the struct that points into it.
+    config["seccomp"] = (buffer, SockFprog(len(program) // 8, ctypes.addressof(buffer)))
+    config["names"] = (name_buffer(config.pop("comm")), name_buffer(config.pop("waiting_name")))
     os.makedirs(config["newroot"], mode=0o755, exist_ok=True)
     build_shared_root(config)
+    # Once here rather than in every child: both are inherited by a fork.
+    drop_bounding_set(int(open("/proc/sys/kernel/cap_last_cap").read()))
+    config["site_done"] = prepare_site(config)
     # Children share our heap copy-on-write: a collection in each would touch (copy) it.
     gc.collect()
     gc.freeze()
+    # What each child takes out of sys.modules before the code runs: this module.
+    config["forget"] = [name for name in sys.modules if name == "__main__" or name.startswith("holdfast")]
     # A child that exited is reaped (and reported) at once: until then it is a zombie
     # that holds the execution's control groups, and the host waits for its status.
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -296,9 +320,9 @@ def sandbox(
     here may return into the template's loop."""
     code_fd, status_fd, out_fd, err_fd, _ = fds
     try:
-        sock.close()  # the template's socket must never reach a sandbox
+        os.close(sock.detach())  # the template's socket must never reach a sandbox
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # signal.signal is a wrapper
         for fd in config["wake"]:
             os.close(fd)
         null = os.open("/dev/null", os.O_RDWR)
@@ -310,8 +334,12 @@ def sandbox(
             os._exit(SETUP_FAILED_EXIT)  # the template died before we could follow it
         os.setsid()  # own session and process group: the host's killpg reaches all of it
         for procs in request["cgroups"]:
-            with open(procs, "w") as fh:
-                fh.write("0")  # ourselves (our pid here is 1, not the host's view of it)
+            # os.open, not open(): no file object to build (its pages copied) per child.
+            fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")  # ourselves (our pid here is 1, not the host's view of it)
+            finally:
+                os.close(fd)
         # The cgroup namespace after joining, so its root is the execution's own group.
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP), "unshare")
         loopback_up()
@@ -331,7 +359,7 @@ def sandbox(
 
         for number, value in request["rlimits"]:  # [resource number, limit], from the host
             resource.setrlimit(number, (value, value))
-        drop_privileges(request["uid"], config)
+        drop_privileges(request["uid"])
         # The uid change cleared the parent-death signal (the kernel does so on any
         # credential change): take it again, and check the template did not die meanwhile.
         # Before the filter, which refuses this prctl to the code that runs next.
@@ -347,18 +375,18 @@ def sandbox(
     # (``CHILDREN``), this request and the layout must not be there for the code to read
     # through a frame or the garbage collector.
     CHILDREN.clear()
-    comm = config["comm"].encode()
-    waiting_name = config["waiting_name"].encode()
+    comm, waiting_name = config["names"]
+    site_done = config["site_done"]
+    forget = config["forget"]
     config.clear()
     request.clear()
-    # What ``python -I`` does at start-up and ``-S`` skipped here: sys.path as a fresh
-    # interpreter has it (site-packages, masked empty) and the exit/quit/help builtins.
-    import site
+    if not site_done:
+        import site
 
-    site.main()
+        site.main()  # prepare_site left it to each sandbox
     set_name(waiting_name)
-    for name in [name for name in sys.modules if name == "__main__" or name.startswith("holdfast")]:
-        del sys.modules[name]
+    for name in forget:
+        sys.modules.pop(name, None)
 
     def arrived() -> None:
         # Back to the name a fresh interpreter would have, now that it runs the code.
@@ -468,9 +496,11 @@ def bind(new: str, source: str, path: str, flags: int) -> tuple[str, int]:
 def loopback_up() -> None:
     """A new network namespace's loopback starts down; bubblewrap brings it up, and
     code may serve and connect on 127.0.0.1 inside its own namespace."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        request = struct.pack("16sH22x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING)
-        fcntl.ioctl(probe.fileno(), SIOCSIFFLAGS, request)
+    probe = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)  # socket.socket is a wrapper
+    try:
+        fcntl.ioctl(probe.fileno(), SIOCSIFFLAGS, LOOPBACK_UP)
+    finally:
+        probe.close()
 
 
 def remount_below(bound: list[tuple[str, int]]) -> None:
@@ -492,18 +522,58 @@ def _unescape(field: bytes) -> str:
     return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field).decode("utf-8", "surrogateescape")
 
 
-def drop_privileges(uid: int, config: dict) -> None:
-    """As ``setpriv --reuid --regid --clear-groups --bounding-set=-all --inh-caps=-all``
-    does (``confine`` adds no_new_privs and the seccomp filter)."""
-    for cap in range(config["cap_last"] + 1):
+def drop_bounding_set(cap_last: int) -> None:
+    """``setpriv --bounding-set=-all``, for the template and so for every child it forks.
+    The bounding set only caps what an execve may grant: the template never execs, and
+    keeps the capabilities it has (``drop_privileges`` empties them in each child)."""
+    for cap in range(cap_last + 1):
         prctl(PR_CAPBSET_DROP, cap, "drop a capability from the bounding set")
+
+
+def prepare_site(config: dict) -> bool:
+    """What ``python -I`` does at start-up and ``-S`` skipped here (``site.main()``:
+    sys.path with the site-packages directories, ``exit``, ``quit``, ``help`` and the
+    other builtins it adds), done once for every child instead of in each: about 0.75 ms
+    of a child's set-up (``bench/child_faults.py``). Done inside the shared root (a
+    chroot) and with the sandbox's environment, so it finds what a sandbox would:
+    the same directories, the same masked site-packages, the same HOME.
+
+    Returns False, and leaves it to each child, if a ``sitecustomize`` is there to
+    import: that is code, and it must run in each sandbox as in a fresh interpreter.
+    (``usercustomize`` is never imported under ``-I``.) A ``.pth`` file could run code
+    too; the site-packages directories are masked empty in the sandbox, so there is
+    none to find there."""
+    import site
+    from importlib.machinery import PathFinder
+
+    old_root = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    old_cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    os.chroot(config["newroot"])
+    os.chdir("/")
+    os.environ.update(config["env"])
+    try:
+        if PathFinder.find_spec("sitecustomize", sys.path + site.getsitepackages()) is not None:
+            return False
+        site.main()
+        return True
+    finally:
+        os.environ.clear()  # the template's own environment is empty (template_host.py)
+        os.fchdir(old_root)
+        os.chroot(".")
+        os.fchdir(old_cwd)
+        os.close(old_root)
+        os.close(old_cwd)
+
+
+def drop_privileges(uid: int) -> None:
+    """As ``setpriv --reuid --regid --clear-groups --inh-caps=-all`` does, the bounding
+    set already empty (``drop_bounding_set``); ``confine`` adds no_new_privs and the
+    seccomp filter."""
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, "clear ambient capabilities")
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)  # to a non-zero uid: permitted and effective sets empty
-    header = CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
-    data = (CapData * 2)()  # all zero: the inheritable set too
-    check(libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+    check(libc.capset(ctypes.byref(CAP_HEADER), ctypes.byref(NO_CAPABILITIES)), "capset")
     # A credential change made us non-dumpable, which leaves /proc/self owned by root:
     # /dev/stdout (-> /proc/self/fd/1) would not open. An exec resets it the same way.
     prctl(PR_SET_DUMPABLE, 1)
@@ -512,8 +582,7 @@ def drop_privileges(uid: int, config: dict) -> None:
 def confine(config: dict) -> None:
     """no_new_privs and the seccomp filter, as bubblewrap loads it: the last step."""
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-    program = ctypes.create_string_buffer(config["seccomp"], len(config["seccomp"]))
-    fprog = SockFprog(len(config["seccomp"]) // 8, ctypes.addressof(program))
+    _, fprog = config["seccomp"]
     check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0), "load the seccomp filter")
 
 

@@ -6,6 +6,7 @@ execution and runs none twice. The containment of its children is the escape sui
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,8 @@ from .conftest import TOKEN
 from .test_reserve import waiting_sandboxes
 
 pytestmark = pytest.mark.peer
+
+TEMPLATE_SOURCE = Path(__file__).resolve().parents[2] / "sandbox_host" / "template.py"
 
 
 def _run(host, code: str) -> protocol.Result:
@@ -399,6 +403,68 @@ def test_code_larger_than_a_pipe_holds_reaches_a_prepared_sandbox_whole(host):
     wait_until(lambda: len(waiting_sandboxes(host)) >= 1, timeout=20, what="a prepared child")
     result = _run(host, code)
     assert result.status == "succeeded" and result.stdout == "600000 bab\n", result
+
+
+def test_the_code_finds_the_site_set_up_a_fresh_interpreter_in_a_sandbox_finds(host):
+    # The template does site.main() once, inside its shared root (prepare_site), for
+    # every child; what the code sees of it must be what a fresh ``python -I`` in a
+    # bubblewrap sandbox sees: the same sys.path, site's user directories (from the
+    # sandbox's HOME, not the template's), and the builtins site adds.
+    code = """
+    import builtins, json, site, sys
+    added = ("exit", "quit", "help", "copyright", "credits", "license")
+    print(json.dumps({
+        "path": sys.path,
+        "user": [site.ENABLE_USER_SITE, site.USER_BASE, site.USER_SITE],
+        "site_dirs": site.getsitepackages(),
+        "builtins": {name: type(getattr(builtins, name, None)).__name__ for name in added},
+        "exit": repr(exit),
+        "home": __import__("os").environ.get("HOME"),
+    }))
+    """
+    wait_until(lambda: len(waiting_sandboxes(host)) >= 1, timeout=20, what="a prepared child")
+    from_template = _run(host, code)
+    assert from_template.status == "succeeded" and from_template.stderr == "", from_template
+    with start_host(TOKEN, extra_args=("--template", "off")) as bwrap_host:
+        fresh = _run(bwrap_host, code)
+    assert fresh.status == "succeeded" and fresh.stderr == "", fresh
+    assert from_template.stdout == fresh.stdout
+    seen = json.loads(from_template.stdout)
+    assert set(seen["builtins"].values()) != {"NoneType"} and seen["path"], seen
+
+
+@pytest.mark.parametrize("customized", [False, True])
+def test_site_is_left_to_each_child_when_a_sitecustomize_is_there_to_run(tmp_path, customized):
+    # prepare_site runs site.main() in the template only when it would import no code
+    # of its own: a sitecustomize (in a root built for the test, at the standard
+    # library's own path) must run in each sandbox, as in a fresh interpreter.
+    root = tmp_path / "root"
+    stdlib = os.path.dirname(os.__file__)
+    (root / stdlib.lstrip("/")).mkdir(parents=True)
+    if customized:
+        (root / stdlib.lstrip("/") / "sitecustomize.py").write_text("print('customized')\n")
+    probe = textwrap.dedent(
+        f"""
+        import builtins, importlib.util, json, os, site, sys
+        for directory in site.getsitepackages():  # so that site has one to add
+            os.makedirs({str(root)!r} + directory, exist_ok=True)
+        spec = importlib.util.spec_from_file_location("template", {str(TEMPLATE_SOURCE)!r})
+        template = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(template)
+        path, cwd = list(sys.path), os.getcwd()
+        done = template.prepare_site({{"newroot": {str(root)!r}, "env": {{"HOME": "/tmp"}}}})
+        print(json.dumps({{"done": done, "path_changed": sys.path != path, "exit": hasattr(builtins, "exit"),
+                          "cwd_back": os.getcwd() == cwd, "root_back": os.path.exists({str(TEMPLATE_SOURCE)!r}),
+                          "environ": dict(os.environ)}}))
+        """
+    )
+    ran = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    seen = json.loads(ran.stdout.splitlines()[-1])
+    assert seen["done"] is (not customized) and seen["exit"] is (not customized), seen
+    assert seen["path_changed"] is (not customized), seen
+    assert "customized" not in ran.stdout  # found, never run in the template
+    assert seen["cwd_back"] and seen["root_back"] and seen["environ"] == {}, seen
 
 
 def test_under_bubblewrap_the_code_may_still_set_its_own_parent_death_signal():
