@@ -8,7 +8,9 @@ The host starts it as ``python -I -S - holdfast-template FD`` with its source on
 environment, and no descriptor but the Unix socket ``FD``: it never holds the host's
 token or any secret, only the sandbox layout, the seccomp program and the waiter's
 source, which every sandbox sees anyway. ``-S``: nothing of site-packages runs here, not
-even a ``.pth`` file; only the standard library is imported.
+even a ``.pth`` file; only the standard library is imported. ``prepare_site`` later
+runs ``site`` as a sandbox would, in the shared root where site-packages is masked
+empty, and imports nothing after it.
 
 Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors by SCM_RIGHTS):
 
@@ -380,10 +382,7 @@ def sandbox(
     forget = config["forget"]
     config.clear()
     request.clear()
-    if not site_done:
-        import site
-
-        site.main()  # prepare_site left it to each sandbox
+    site_for_child(site_done)
     set_name(waiting_name)
     for name in forget:
         sys.modules.pop(name, None)
@@ -538,31 +537,47 @@ def prepare_site(config: dict) -> bool:
     chroot) and with the sandbox's environment, so it finds what a sandbox would:
     the same directories, the same masked site-packages, the same HOME.
 
-    Returns False, and leaves it to each child, if a ``sitecustomize`` is there to
-    import: that is code, and it must run in each sandbox as in a fresh interpreter.
-    (``usercustomize`` is never imported under ``-I``.) A ``.pth`` file could run code
-    too; the site-packages directories are masked empty in the sandbox, so there is
-    none to find there."""
+    Returns False, and leaves it to each child (``site_for_child``), if site would run
+    code found there: a ``sitecustomize`` to import, or a ``.pth`` file in a
+    site-packages directory (they are masked empty, but only those that existed when the
+    host started). Such code runs in each sandbox, contained, as in a fresh
+    interpreter, never in the template. (``usercustomize`` is never imported under
+    ``-I``.)"""
     import site
     from importlib.machinery import PathFinder
 
     old_root = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     old_cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    os.chroot(config["newroot"])
-    os.chdir("/")
-    os.environ.update(config["env"])
+    old_environ = dict(os.environ)
     try:
+        os.chroot(config["newroot"])
+        os.chdir("/")
+        os.environ.clear()
+        os.environ.update(config["env"])
         if PathFinder.find_spec("sitecustomize", sys.path + site.getsitepackages()) is not None:
             return False
+        for directory in site.getsitepackages():
+            if os.path.isdir(directory) and any(name.endswith(".pth") for name in os.listdir(directory)):
+                return False
         site.main()
         return True
     finally:
-        os.environ.clear()  # the template's own environment is empty (template_host.py)
+        os.environ.clear()
+        os.environ.update(old_environ)
         os.fchdir(old_root)
         os.chroot(".")
         os.fchdir(old_cwd)
         os.close(old_root)
         os.close(old_cwd)
+
+
+def site_for_child(site_done: bool) -> None:
+    """In a child, contained: ``site`` as ``python -I`` runs it, unless the template
+    did it for every child (``prepare_site``)."""
+    if not site_done:
+        import site
+
+        site.main()
 
 
 def drop_privileges(uid: int) -> None:

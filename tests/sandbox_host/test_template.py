@@ -433,38 +433,55 @@ def test_the_code_finds_the_site_set_up_a_fresh_interpreter_in_a_sandbox_finds(h
     assert set(seen["builtins"].values()) != {"NoneType"} and seen["path"], seen
 
 
-@pytest.mark.parametrize("customized", [False, True])
-def test_site_is_left_to_each_child_when_a_sitecustomize_is_there_to_run(tmp_path, customized):
-    # prepare_site runs site.main() in the template only when it would import no code
-    # of its own: a sitecustomize (in a root built for the test, at the standard
-    # library's own path) must run in each sandbox, as in a fresh interpreter.
+@pytest.mark.parametrize("code_found", [None, "sitecustomize", "pth"])
+def test_site_is_left_to_each_child_when_it_would_run_code_found_in_the_root(tmp_path, code_found):
+    # prepare_site runs site.main() in the template only when it would run no code found
+    # in the sandbox's root: a sitecustomize (here at the standard library's own path,
+    # in a root built for the test) or a .pth file in a site-packages directory left
+    # unmasked must run in each sandbox, contained, as in a fresh interpreter; never in
+    # the template. A child (forked here, chrooted as a sandbox is) runs it then.
     root = tmp_path / "root"
     stdlib = os.path.dirname(os.__file__)
     (root / stdlib.lstrip("/")).mkdir(parents=True)
-    if customized:
-        (root / stdlib.lstrip("/") / "sitecustomize.py").write_text("print('customized')\n")
+    if code_found == "sitecustomize":
+        (root / stdlib.lstrip("/") / "sitecustomize.py").write_text("print('code found ran')\n")
     probe = textwrap.dedent(
         f"""
         import builtins, importlib.util, json, os, site, sys
+        root = {str(root)!r}
         for directory in site.getsitepackages():  # so that site has one to add
-            os.makedirs({str(root)!r} + directory, exist_ok=True)
+            os.makedirs(root + directory, exist_ok=True)
+            if {code_found == "pth"!r}:
+                with open(root + directory + "/found.pth", "w") as fh:
+                    fh.write("import sys; print('code found ran')\\n")
         spec = importlib.util.spec_from_file_location("template", {str(TEMPLATE_SOURCE)!r})
         template = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(template)
-        path, cwd = list(sys.path), os.getcwd()
-        done = template.prepare_site({{"newroot": {str(root)!r}, "env": {{"HOME": "/tmp"}}}})
+        path, cwd, environ = list(sys.path), os.getcwd(), dict(os.environ)
+        done = template.prepare_site({{"newroot": root, "env": {{"HOME": "/tmp"}}}})
         print(json.dumps({{"done": done, "path_changed": sys.path != path, "exit": hasattr(builtins, "exit"),
                           "cwd_back": os.getcwd() == cwd, "root_back": os.path.exists({str(TEMPLATE_SOURCE)!r}),
-                          "environ": dict(os.environ)}}))
+                          "environ_back": dict(os.environ) == environ}}), flush=True)
+        pid = os.fork()
+        if pid == 0:
+            os.chroot(root)
+            os.chdir("/")
+            template.site_for_child(done)
+            print(json.dumps({{"child_exit": hasattr(builtins, "exit"), "child_path": sys.path}}), flush=True)
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
         """
     )
     ran = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
-    seen = json.loads(ran.stdout.splitlines()[-1])
-    assert seen["done"] is (not customized) and seen["exit"] is (not customized), seen
-    assert seen["path_changed"] is (not customized), seen
-    assert "customized" not in ran.stdout  # found, never run in the template
-    assert seen["cwd_back"] and seen["root_back"] and seen["environ"] == {}, seen
+    lines = ran.stdout.splitlines()
+    seen, child = json.loads(lines[0]), json.loads(lines[-1])
+    found = code_found is not None
+    assert seen["done"] is not found and seen["exit"] is not found and seen["path_changed"] is not found, seen
+    assert seen["cwd_back"] and seen["root_back"] and seen["environ_back"], seen
+    # Run once, by the child; the template's own line comes before it.
+    assert lines.count("code found ran") == (1 if found else 0) and lines[0] != "code found ran", lines
+    assert child["child_exit"] and any(p.endswith("site-packages") for p in child["child_path"]), child
 
 
 def test_under_bubblewrap_the_code_may_still_set_its_own_parent_death_signal():
