@@ -89,6 +89,7 @@ def main() -> None:
 # return from submit(), which the worker's first steps overlap: reported on its own.
 CHAIN = (
     "submit called",
+    "task received",
     "task started",
     "claimed (fair dispatch)",
     "code read, pool called",

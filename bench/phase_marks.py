@@ -8,7 +8,7 @@ import functools
 import os
 import time
 
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, task_received
 
 from controlplane.executions import actions, dispatch, tasks
 from controlplane.executions.enqueue import RUN_EXECUTION
@@ -24,6 +24,13 @@ def mark(what: str) -> None:
 def _prerun(task=None, **_kwargs) -> None:
     if task is not None and task.name == RUN_EXECUTION:
         mark("task started")
+
+
+@task_received.connect
+def _received(request=None, **_kwargs) -> None:
+    # In the worker's consumer, before the pool's thread takes it: the hop's two halves.
+    if request is not None and request.name == RUN_EXECUTION:
+        mark("task received")
 
 
 @task_postrun.connect
