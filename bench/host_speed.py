@@ -62,9 +62,9 @@ class HostClient:
         if not isinstance(reply, protocol.AuthOk):
             raise SystemExit(f"bench: the host refused us: {reply}")
 
-    def execute(self) -> None:
+    def execute(self, code: str = SNIPPET) -> None:
         execution_id = uuid.uuid4().hex
-        self.ws.send(protocol.encode(protocol.Execute(id=execution_id, code=SNIPPET, timeout_ms=10_000, memory_mb=256)))
+        self.ws.send(protocol.encode(protocol.Execute(id=execution_id, code=code, timeout_ms=10_000, memory_mb=256)))
         while True:
             frame = protocol.decode(self.ws.recv())
             if isinstance(frame, protocol.Result) and frame.id == execution_id:
