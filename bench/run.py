@@ -435,7 +435,7 @@ def host_side(token: str, n: int, seconds: float, pause_s: float, busy_pause_s: 
             f"{label}: p50 {', '.join(ratios)} (P1 goal <= 0.1x); 8 in flight {rate / bare_rate:.2f}x "
             f"the bare spawn loop ({rate / installed_rate:.2f}x as installed; P3 goal >= 3x); "
             f"host PSS idle {found['idle_pss'] / 1024:.1f} MiB, with 8 in flight {found['busy_pss'] / 1024:.1f} "
-            f"MiB (its reserve full both times), about {unique:.1f} MiB per execution in flight"
+            f"MiB (its reserve, if any, full both times), about {unique:.1f} MiB per execution in flight"
         )
     return {"rows": rows, "notes": notes}
 

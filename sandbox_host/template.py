@@ -10,7 +10,8 @@ token or any secret, only the sandbox layout, the seccomp program and the waiter
 source, which every sandbox sees anyway. ``-S``: nothing of site-packages runs here, not
 even a ``.pth`` file; only the standard library is imported. ``prepare_site`` later
 runs ``site`` as a sandbox would, in the shared root where site-packages is masked
-empty, and imports nothing after it.
+empty (those that existed when the host started; ``prepare_site`` leaves any other
+to each child), and imports nothing after it.
 
 Protocol (SOCK_SEQPACKET, one JSON object per message, descriptors by SCM_RIGHTS):
 
