@@ -25,23 +25,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import host_speed  # noqa: E402
+from bench.cpu_split import times  # noqa: E402
 from bench.run import tree  # noqa: E402 - sets Django up, as the other benches
 from holdfast_devtools import processes  # noqa: E402
 
 CONCURRENCY = 8
-TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux
 
 
 def cpu_s(pids: list[int]) -> float:
-    """User and system time of ``pids`` and of their children already reaped."""
-    total = 0
+    """CPU seconds of ``pids`` and of their children already reaped."""
+    total = 0.0
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(times(pid))
         except OSError:
-            continue
-        total += sum(int(field) for field in fields[11:15])  # utime stime cutime cstime
-    return total / TICKS
+            continue  # ended since the tree was read
+    return total
 
 
 def one_round(checkout: Path, token: str, seconds: float) -> tuple[float, float]:
