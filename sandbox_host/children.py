@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from holdfast_wire.protocol import MAX_OUTPUT_BYTES, truncate_output
 
-from . import defaults, sandbox, seccomp_policy
+from . import defaults, sandbox, seccomp_policy, waiter
 from .exec_wrapper import RLIMITS
 from .template_host import WAITER_PATH, TemplateProcess
 
@@ -280,8 +280,8 @@ class Child:
         """Hand a prepared child its one execution. Raises ``ChildError`` if it is gone
         (it read nothing, so the code provably never ran)."""
         assert self._feed is not None
-        header = {"as_bytes": limits.memory_mb * 1024 * 1024, "cpu_s": self._cpu_s(limits)}
-        payload = json.dumps(header).encode() + b"\n" + code.encode("utf-8", errors="surrogatepass")
+        header = waiter.header(limits.memory_mb * 1024 * 1024, self._cpu_s(limits))
+        payload = header + code.encode("utf-8", errors="surrogatepass")
         feed, self._feed = self._feed, None
         try:
             if self.cgroup:

@@ -33,7 +33,6 @@ import atexit
 import builtins
 import contextlib
 import io
-import json
 import linecache
 import os
 import resource
@@ -43,7 +42,12 @@ import types
 from importlib.machinery import SourceFileLoader
 
 FILENAME = "/holdfast/main.py"
-LIMITS = {"as_bytes": resource.RLIMIT_AS, "cpu_s": resource.RLIMIT_CPU}
+
+
+def header(as_bytes: int, cpu_s: int) -> bytes:
+    """The line before the code: the execution's address-space and CPU limits (two
+    integers, not JSON: parsed with no Python call once the code is in)."""
+    return b"%d %d\n" % (as_bytes, cpu_s)
 
 
 def read_all(fd: int) -> bytes:
@@ -65,20 +69,24 @@ def serve(code_fd: int, status_fd: int, arrived: types.FunctionType | None = Non
     """Wait for the code on ``code_fd``, then run it (the warm template's children call
     this too, with ``arrived`` run once the code is in)."""
     global _status_fd
+    # Nothing of this depends on the code: done while the sandbox waits, it is not done
+    # after the code arrives, when each step is slow (docs/benchmarks.md, ninth session).
+    module = main_module()
+    if status_fd >= 0:
+        _status_fd = status_fd
+        os.set_inheritable(_status_fd, False)
     data = read_all(code_fd)
     if not data:
         os._exit(0)
     if arrived is not None:
         arrived()
-    if status_fd >= 0:
-        _status_fd = status_fd
-        os.set_inheritable(_status_fd, False)
-    header, _, code = data.partition(b"\n")
-    for name, value in json.loads(header).items():
-        # Lowering only: the sandbox was started with the reserve's ceilings, and an
-        # unprivileged process can never raise a hard limit again.
-        resource.setrlimit(LIMITS[name], (value, value))
-    run(code.decode("utf-8", errors="surrogateescape"))
+    line, _, code = data.partition(b"\n")
+    as_bytes, cpu_s = map(int, line.split())
+    # Lowering only: the sandbox was started with the reserve's ceilings, and an
+    # unprivileged process can never raise a hard limit again.
+    resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+    run(code.decode("utf-8", errors="surrogateescape"), module)
 
 
 def rehearse() -> None:
@@ -98,16 +106,15 @@ def rehearse() -> None:
             stream.write("")
             stream.flush()
     with contextlib.suppress(Exception):
-        for name in json.loads('{"as_bytes": 0, "cpu_s": 0}'):
-            resource.setrlimit(LIMITS[name], resource.getrlimit(LIMITS[name]))  # unchanged
+        for number in (resource.RLIMIT_AS, resource.RLIMIT_CPU):
+            resource.setrlimit(number, resource.getrlimit(number))  # unchanged
 
 
-def run(source: str) -> None:
-    # Tracebacks read the source through linecache, as they would from the file.
-    linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
+def main_module() -> types.ModuleType:
+    """The code's ``__main__``: what the interpreter gives a script's, its loader reading
+    the file the host wrote, for tracebacks and inspect (sandbox.py mounts it at
+    FILENAME). In ``sys.modules`` and ``sys.argv`` already."""
     module = types.ModuleType("__main__")
-    # What the interpreter gives a script's __main__, its loader reading the file the
-    # host wrote for tracebacks and inspect (sandbox.py mounts it at FILENAME).
     module.__file__ = FILENAME
     module.__cached__ = None
     if sys.version_info < (3, 14):  # from 3.14 annotations are built on demand (PEP 649)
@@ -116,6 +123,16 @@ def run(source: str) -> None:
     module.__builtins__ = builtins
     sys.modules["__main__"] = module
     sys.argv = [FILENAME]
+    # An entry for run() to replace: the dict's copy is made now, not then.
+    linecache.cache[FILENAME] = (0, None, [], FILENAME)
+    return module
+
+
+def run(source: str, module: types.ModuleType | None = None) -> None:
+    if module is None:
+        module = main_module()
+    # Tracebacks read the source through linecache, as they would from the file.
+    linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
     try:
         exec(compile(source, FILENAME, "exec"), module.__dict__)  # noqa: S102 - running user code is the point
     except SystemExit as exc:
