@@ -396,6 +396,45 @@ def test_the_code_finds_the_main_module_a_script_run_by_python_finds(host, tmp_p
     assert result.stdout == direct.stdout
 
 
+ENDINGS = {
+    "an atexit handler": """
+    import atexit, threading
+    atexit.register(lambda: print("atexit: main thread alive", threading.main_thread().is_alive()))
+    """,
+    "a thread still running": """
+    import threading, time
+    def late():
+        time.sleep(0.3)
+        print("thread: main thread alive", threading.main_thread().is_alive())
+    threading.Thread(target=late).start()
+    """,
+    "a threading atexit callback": """
+    import threading
+    threading._register_atexit(lambda: print("threading atexit: main thread alive", threading.main_thread().is_alive()))
+    """,
+    "nothing": """
+    import threading
+    print("main thread alive", threading.main_thread().is_alive())
+    """,
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_the_code_ends_as_a_script_run_by_python_ends(host, tmp_path, ending):
+    # The waiter ends the way interpreter shutdown does (waiter.finish), without
+    # tearing modules down: a thread left running is joined, both kinds of exit
+    # callbacks run, and they find the main thread stopped.
+    code = ENDINGS[ending]
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent(code))
+    direct = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=60)
+    assert direct.returncode == 0 and direct.stdout, direct
+    wait_until(lambda: len(waiting_sandboxes(host)) >= 1, timeout=20, what="a prepared child")
+    result = _run(host, code)
+    assert result.status == "succeeded" and result.stderr == "", result
+    assert result.stdout == direct.stdout
+
+
 def test_code_larger_than_a_pipe_holds_reaches_a_prepared_sandbox_whole(host):
     # deliver writes the code to the snippet's file and down the pipe the sandbox waits
     # on; the pipe takes 64 KiB at a time, so a longer code arrives in several writes.
