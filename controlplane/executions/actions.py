@@ -76,11 +76,15 @@ def create(
             timeout_ms=int(timeout_s * 1000),
             memory_mb=memory_mb,
         )
-        if connection.vendor != "postgresql":
+        if connection.vendor == "postgresql":
+            _insert(row)
+        else:
             row.save(force_insert=True)
-            return row
-        _insert(row)
         return row
+
+
+# create()'s INSERT on PostgreSQL (_insert), built once: every column of the model.
+INSERT_SQL = "INSERT INTO {table} ({columns}) VALUES ({values})"
 
 
 def _insert(row: Execution) -> None:
@@ -100,6 +104,9 @@ def _insert(row: Execution) -> None:
 @functools.cache
 def _insert_sql() -> str:
     fields = Execution._meta.concrete_fields
+    if Execution._meta.parents or any(field.generated or field.has_db_default() for field in fields):
+        # The ORM leaves such columns out of its INSERT or reads them back: do as it does.
+        raise RuntimeError("Execution has a column the database fills: create() must insert through the ORM")
     return INSERT_SQL.format(
         table=connection.ops.quote_name(Execution._meta.db_table),
         columns=", ".join(connection.ops.quote_name(field.column) for field in fields),
@@ -144,9 +151,6 @@ def finish(execution_id: str, outcome: Outcome) -> bool:
         enqueue.enqueue_execution_on_commit(execution_id)
     return recorded
 
-
-# create()'s INSERT on PostgreSQL (_insert), built once: every column of the model.
-INSERT_SQL = "INSERT INTO {table} ({columns}) VALUES ({values})"
 
 # The values finish() writes, in the order _finish_sql() sets them; then ``attempts``,
 # added to the stored count.

@@ -90,9 +90,9 @@ def admit_execution(name: str) -> Owner:
 
 # On PostgreSQL the lock and the counts are statements written once (below) instead of
 # queries the ORM compiles on every submit: with the INSERT written the same way
-# (executions/actions.py), create() took 1.7-2.0 ms against 5.3-6.4 (docs/benchmarks.md,
-# ninth session), and the owner's lock is held that much less. Only quoted names are
-# put in; every value is a parameter.
+# (executions/actions.py), create() took 2.7-3.2 ms against 5.1-5.4, and the owner's lock
+# is held that much less (docs/benchmarks.md, ninth session). Only quoted names are put
+# in; every value is a parameter.
 
 
 @functools.cache
@@ -113,6 +113,9 @@ def _owner_sql() -> str:
     """What ``Owner.objects.select_for_update().filter(name=...).first()`` sends, less
     its ORDER BY (a name is unique)."""
     qn, meta = connection.ops.quote_name, Owner._meta
+    if any(field.get_db_converters(connection) for field in meta.concrete_fields):
+        # Owner.from_db is given the values as the driver returns them.
+        raise RuntimeError("an Owner field converts what it reads: admission must lock through the ORM")
     columns = ", ".join(qn(field.column) for field in meta.concrete_fields)
     return OWNER_SQL.format(columns=columns, table=qn(meta.db_table), name=qn(meta.get_field("name").column))
 

@@ -8,11 +8,13 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.db.models import Model
 from django.utils import timezone
 
 from controlplane.executions import actions
 from controlplane.executions.models import Execution
+from controlplane.owners import admission
 from controlplane.owners.errors import OwnerDisabled, UnknownOwner
 from controlplane.owners.models import Owner
 
@@ -38,6 +40,10 @@ def test_the_row_created_is_the_one_the_orm_would_store_and_is_returned_as_read_
 
 
 def test_admission_reads_the_owner_it_locked():
+    owner = Owner.objects.create(name="capped", weight=3, max_active=5, max_queued=7, max_live_runs=2)
+    with transaction.atomic():
+        locked = admission.admit_execution("capped")
+    assert _values(locked) == _values(Owner.objects.get(pk=owner.pk))
     Owner.objects.create(name="off", is_active=False)
     with pytest.raises(OwnerDisabled):
         actions.create("print(1)", owner="off", timeout_s=None, memory_mb=None)
