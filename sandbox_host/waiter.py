@@ -128,9 +128,7 @@ def main_module() -> types.ModuleType:
     return module
 
 
-def run(source: str, module: types.ModuleType | None = None) -> None:
-    if module is None:
-        module = main_module()
+def run(source: str, module: types.ModuleType) -> None:
     # Tracebacks read the source through linecache, as they would from the file.
     linecache.cache[FILENAME] = (len(source), None, source.splitlines(True), FILENAME)
     try:

@@ -60,26 +60,13 @@ def _locked_owner(name: str) -> Owner:
 
 def admit_execution(name: str) -> Owner:
     """Lock ``name`` and check it may queue one more execution; raises an OwnerError."""
-    from controlplane.executions.models import Execution, Status
-
     owner = _locked_owner(name)
     limits = caps(owner)
-    if connection.vendor == "postgresql":
-        # The three counts in one statement, after the lock (its own snapshot).
-        with connection.cursor() as cursor:
-            cursor.execute(_counts_sql(), [owner.name, Status.RUNNING, owner.name, Status.QUEUED, Status.QUEUED])
-            active, queued, total = cursor.fetchone()
-    else:
-        mine = Execution.objects.filter(owner=owner.name, status__in=(Status.RUNNING, Status.QUEUED)).aggregate(
-            active=Count("pk", filter=Q(status=Status.RUNNING)), queued=Count("pk", filter=Q(status=Status.QUEUED))
-        )
-        active, queued, total = mine["active"], mine["queued"], None
+    active, queued, total = _counts(owner.name)
     if active >= limits.max_active:
         raise OwnerLimit(f"owner {owner.name!r} has {active} executions running; its cap is {limits.max_active}")
     if queued >= limits.max_queued:
         raise OwnerLimit(f"owner {owner.name!r} has {queued} executions queued; its cap is {limits.max_queued}")
-    if total is None:
-        total = Execution.objects.filter(status=Status.QUEUED).count()
     if total >= settings.EXECUTION_MAX_QUEUED_TOTAL:
         # Every owner's work together: the count is the operators', not the caller's to
         # read (the message goes to whichever owner asked), so it goes to the log.
@@ -90,9 +77,9 @@ def admit_execution(name: str) -> Owner:
 
 # On PostgreSQL the lock and the counts are statements written once (below) instead of
 # queries the ORM compiles on every submit: with the INSERT written the same way
-# (executions/actions.py), create() took 2.7-3.2 ms against 5.1-5.4, and the owner's lock
-# is held that much less (docs/benchmarks.md, ninth session). Only quoted names are put
-# in; every value is a parameter.
+# (executions/actions.py), create() takes half the time it did (bench/create_cost.py;
+# docs/benchmarks.md, ninth session), and the owner's lock is held that much less. Only
+# quoted names are put in; every value is a parameter.
 
 
 @functools.cache
@@ -136,6 +123,21 @@ def _counts_sql() -> str:
     return COUNTS_SQL.format(
         table=qn(meta.db_table), owner=qn(meta.get_field("owner").column), status=qn(meta.get_field("status").column)
     )
+
+
+def _counts(name: str) -> tuple[int, int, int]:
+    """The owner's running and queued executions and the deployment's queued ones,
+    counted after the owner's lock: each statement has a snapshot of its own."""
+    from controlplane.executions.models import Execution, Status
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_counts_sql(), [name, Status.RUNNING, name, Status.QUEUED, Status.QUEUED])
+            return cursor.fetchone()
+    mine = Execution.objects.filter(owner=name, status__in=(Status.RUNNING, Status.QUEUED)).aggregate(
+        active=Count("pk", filter=Q(status=Status.RUNNING)), queued=Count("pk", filter=Q(status=Status.QUEUED))
+    )
+    return mine["active"], mine["queued"], Execution.objects.filter(status=Status.QUEUED).count()
 
 
 def admit_run(name: str) -> Owner:
