@@ -43,6 +43,10 @@ class TemplateUnavailable(OSError):
     """The template is gone (or never came up); nothing was started."""
 
 
+class _NotSent(Exception):
+    """A fork request that no template received."""
+
+
 class TemplateProcess:
     """A template child as ``Child`` sees it (the subset of ``Popen`` it uses)."""
 
@@ -251,7 +255,22 @@ class Template:
 
     def spawn(self, request: dict[str, object], fds: list[int]) -> tuple[int, int]:
         """Fork one contained child: its pid and a pidfd of it. Raises
-        ``TemplateUnavailable`` if the template is gone or refuses (nothing started)."""
+        ``TemplateUnavailable`` if the template is gone or refuses (nothing started).
+
+        A template that died before it could read the request (killed a moment ago, its
+        supervisor not yet told) is waited for once more: the request never reached a
+        template, so asking its successor starts nothing twice. The code goes down the
+        child's own pipe only after this returns, so no attempt here ever ran any."""
+        try:
+            return self._ask(self._running_sock(), request, fds)
+        except _NotSent:
+            pass
+        try:
+            return self._ask(self._running_sock(), request, fds)
+        except _NotSent as exc:
+            raise TemplateUnavailable(f"the warm template is gone: {exc}") from None
+
+    def _running_sock(self) -> socket.socket:
         with self._cond:
             # A template being restarted is back within milliseconds: wait for it briefly
             # rather than fail an execution that could run.
@@ -259,6 +278,9 @@ class Template:
             sock = self._sock
         if sock is None:
             raise TemplateUnavailable("the warm template is not running")
+        return sock
+
+    def _ask(self, sock: socket.socket, request: dict[str, object], fds: list[int]) -> tuple[int, int]:
         with self._request_lock:
             with self._cond:
                 replaced = self._sock is not sock
@@ -268,8 +290,15 @@ class Template:
                 raise TemplateUnavailable("the warm template was replaced")
             try:
                 socket.send_fds(sock, [json.dumps(request).encode()], fds)
+            except OSError as exc:
+                # Not queued (a dead peer, or a template too stuck to take it): no
+                # template has it.
+                self._restart(sock)
+                raise _NotSent(exc.__class__.__name__) from None
+            try:
                 message, got, _, _ = socket.recv_fds(sock, 4096, 1)
             except OSError as exc:
+                # It had the request and may have forked: never asked again.
                 self._restart(sock)
                 raise TemplateUnavailable(f"the warm template is gone: {exc.__class__.__name__}") from None
         if not message:

@@ -27,7 +27,8 @@ from .test_reserve import waiting_sandboxes
 
 pytestmark = pytest.mark.peer
 
-TEMPLATE_SOURCE = Path(__file__).resolve().parents[2] / "sandbox_host" / "template.py"
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE_SOURCE = ROOT / "sandbox_host" / "template.py"
 
 
 def _run(host, code: str) -> protocol.Result:
@@ -211,6 +212,46 @@ def test_a_dead_template_is_restarted_and_the_fresh_path_uses_it_too():
         assert time.monotonic() - started < scaled(10)
         assert template_pid(host) != old
         assert "event=template_exited" in host.log()
+
+
+# In a process of its own, so that the templates it starts die with it.
+KILLED_UNSEEN = """
+import dataclasses, os, select, signal
+from sandbox_host import isolation, uids
+from sandbox_host.children import Child, Limits
+from sandbox_host.template_host import Template
+
+base, lock_fd = uids.claim(1)
+contained = isolation.build(isolation.FULL, uid_base=base)
+template = Template(contained)
+template.start()
+contained = dataclasses.replace(contained, template=template)
+old = template.proc.pid
+pidfd = os.pidfd_open(old)
+# Held, so that the supervisor, woken by the template's death, cannot drop the dead
+# template's socket before the request below is sent on it (the request then waits
+# for the restart, which releases it).
+with template._cond:
+    os.kill(old, signal.SIGKILL)
+    assert select.select([pidfd], [], [], 10)[0], "the template did not die"
+    child = Child("print('after')", Limits(timeout_ms=10_000, memory_mb=256), isolation=contained, uid=base)
+    child.start()
+outcome = child.wait()
+child.cleanup()
+print(outcome.status, outcome.stdout.strip(), template.proc.pid != old, template.starts)
+"""
+
+
+def test_a_request_sent_to_a_template_that_just_died_waits_for_its_successor():
+    # The moment between a template's death and its supervisor noticing: the request
+    # finds the old socket, whose peer is gone. Nothing reached a template, so nothing
+    # was started: the request goes to the restarted template instead of failing the
+    # execution as not_started.
+    found = subprocess.run(
+        [sys.executable, "-c", KILLED_UNSEEN], cwd=ROOT, capture_output=True, text=True, timeout=scaled(60)
+    )
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.split() == ["succeeded", "after", "True", "2"], found.stdout
 
 
 def test_a_child_holds_no_descriptor_of_the_template(host):
