@@ -16,6 +16,7 @@ process.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -45,6 +46,10 @@ class TemplateUnavailable(OSError):
 
 class _NotSent(Exception):
     """A fork request that no template received."""
+
+
+# A send that failed for one of these found the template dead or stuck.
+_GONE_OR_STUCK = (BrokenPipeError, ConnectionResetError, TimeoutError)
 
 
 class TemplateProcess:
@@ -257,9 +262,9 @@ class Template:
         """Fork one contained child: its pid and a pidfd of it. Raises
         ``TemplateUnavailable`` if the template is gone or refuses (nothing started).
 
-        A template that died before it could read the request (killed a moment ago, its
-        supervisor not yet told) is waited for once more: the request never reached a
-        template, so asking its successor starts nothing twice. The code goes down the
+        A request that could not be sent to the template (it died a moment ago, its
+        supervisor not yet told) waits once more for the restarted one: no template got
+        it, so asking the successor starts nothing twice. The code goes down the
         child's own pipe only after this returns, so no attempt here ever ran any."""
         try:
             return self._ask(self._running_sock(), request, fds)
@@ -285,16 +290,20 @@ class Template:
             with self._cond:
                 replaced = self._sock is not sock
             if replaced:
-                # Killed for a request that timed out while we waited for the lock: its
-                # late reply may still be in this socket, and would be taken for ours.
-                raise TemplateUnavailable("the warm template was replaced")
+                # Died, or killed for a request that timed out while we waited for the
+                # lock (its late reply may still be in this socket, and would be taken
+                # for ours): nothing of ours was sent on it.
+                raise _NotSent("replaced")
             try:
                 socket.send_fds(sock, [json.dumps(request).encode()], fds)
             except OSError as exc:
-                # Not queued (a dead peer, or a template too stuck to take it): no
-                # template has it.
+                # A message is queued whole or not at all: no template has it. Asked
+                # again only where its successor may take it (a dead peer, one too
+                # stuck to take it); an error that would repeat fails as before.
                 self._restart(sock)
-                raise _NotSent(exc.__class__.__name__) from None
+                if isinstance(exc, _GONE_OR_STUCK) or exc.errno == errno.ENOTCONN:
+                    raise _NotSent(exc.__class__.__name__) from None
+                raise TemplateUnavailable(f"the warm template is gone: {exc.__class__.__name__}") from None
             try:
                 message, got, _, _ = socket.recv_fds(sock, 4096, 1)
             except OSError as exc:

@@ -216,11 +216,14 @@ def test_a_dead_template_is_restarted_and_the_fresh_path_uses_it_too():
 
 # In a process of its own, so that the templates it starts die with it.
 KILLED_UNSEEN = """
-import dataclasses, os, select, signal
-from sandbox_host import isolation, uids
+import dataclasses, os, select, signal, sys
+from sandbox_host import defaults, isolation, uids
 from sandbox_host.children import Child, Limits
 from sandbox_host.template_host import Template
+from tests.timing import scaled, wait_until
 
+# The successor's start, on a slow machine, within the wait a request gives it.
+defaults.DEFAULT_TEMPLATE_WAIT_S = scaled(defaults.DEFAULT_TEMPLATE_WAIT_S)
 base, lock_fd = uids.claim(1)
 contained = isolation.build(isolation.FULL, uid_base=base)
 template = Template(contained)
@@ -228,13 +231,25 @@ template.start()
 contained = dataclasses.replace(contained, template=template)
 old = template.proc.pid
 pidfd = os.pidfd_open(old)
-# Held, so that the supervisor, woken by the template's death, cannot drop the dead
-# template's socket before the request below is sent on it (the request then waits
-# for the restart, which releases it).
-with template._cond:
+child = Child("print('after')", Limits(timeout_ms=10_000, memory_mb=256), isolation=contained, uid=base)
+if sys.argv[1] == "send":
+    # Held, so that the supervisor, woken by the template's death, cannot drop the
+    # dead template's socket before the request is sent on it (the request then waits
+    # for the restart, which releases it).
+    with template._cond:
+        os.kill(old, signal.SIGKILL)
+        assert select.select([pidfd], [], [], 10)[0], "the template did not die"
+        child.start()
+else:
+    # The request found the socket before the death, and the supervisor dropped it
+    # before the request could use it: the request is given the dead socket first.
+    stale, running_sock = template._sock, template._running_sock
     os.kill(old, signal.SIGKILL)
-    assert select.select([pidfd], [], [], 10)[0], "the template did not die"
-    child = Child("print('after')", Limits(timeout_ms=10_000, memory_mb=256), isolation=contained, uid=base)
+    wait_until(lambda: template._sock is not stale, timeout=10, what="the supervisor to drop the socket")
+    def give_stale_once():
+        template._running_sock = running_sock
+        return stale
+    template._running_sock = give_stale_once
     child.start()
 outcome = child.wait()
 child.cleanup()
@@ -242,13 +257,15 @@ print(outcome.status, outcome.stdout.strip(), template.proc.pid != old, template
 """
 
 
-def test_a_request_sent_to_a_template_that_just_died_waits_for_its_successor():
+@pytest.mark.parametrize("moment", ["send", "replaced"])
+def test_a_request_sent_to_a_template_that_just_died_waits_for_its_successor(moment):
     # The moment between a template's death and its supervisor noticing: the request
-    # finds the old socket, whose peer is gone. Nothing reached a template, so nothing
-    # was started: the request goes to the restarted template instead of failing the
-    # execution as not_started.
+    # finds the old socket, whose peer is gone ("send"), or finds it replaced once it
+    # may send ("replaced"). Nothing reached a template, so nothing was started: the
+    # request goes to the restarted template instead of failing the execution as
+    # not_started.
     found = subprocess.run(
-        [sys.executable, "-c", KILLED_UNSEEN], cwd=ROOT, capture_output=True, text=True, timeout=scaled(60)
+        [sys.executable, "-c", KILLED_UNSEEN, moment], cwd=ROOT, capture_output=True, text=True, timeout=scaled(60)
     )
     assert found.returncode == 0, found.stderr[-2000:]
     assert found.stdout.split() == ["succeeded", "after", "True", "2"], found.stdout
