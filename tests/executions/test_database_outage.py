@@ -15,6 +15,7 @@ from tests.timing import scaled, wait_until
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.apart,
     pytest.mark.django_db(transaction=True),
     pytest.mark.peer,
     pytest.mark.usefixtures("owners"),

@@ -19,7 +19,7 @@ from tests.timing import wait_until
 from .conftest import assert_events_exactly_once, counting_job, launching_worker
 from .support import FORWARD, HttpProxy, run_log, start_web, wait_seconds
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.peer]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.apart, pytest.mark.peer]
 
 # The outage the issue names.
 OUTAGE_S = 60

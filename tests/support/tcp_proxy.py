@@ -1,7 +1,8 @@
 """A real TCP proxy for outage tests: it forwards bytes both ways until told to refuse,
 then cuts every connection it carries and closes its listening socket, so a client's
 next connect is refused by the kernel (ECONNREFUSED), as a database host that went
-away is. ``restore`` listens again on the same port. ``stall`` leaves the connections
+away is. The port stays bound meanwhile (a socket that does not listen), so nothing
+else takes it; ``restore`` listens again on it. ``stall`` leaves the connections
 it carries open but forwards nothing more on them, both ways (a server or a network
 gone silent, with no reset), while new connections are carried as before.
 
@@ -28,6 +29,7 @@ class TcpProxy:
         self.refused_since: float | None = None
         self.accepted = 0
         self._stalled: set[socket.socket] = set()
+        self._held: socket.socket | None = None  # the port, bound and not listening, while refused
         self._start_accepting()
 
     def _start_accepting(self) -> None:
@@ -71,6 +73,17 @@ class TcpProxy:
 
     def refuse(self) -> None:
         """Stop listening (new connects are refused) and cut every open connection."""
+        self._cut()
+        if self._held is None:
+            # Kept from anyone else's port-0 bind or connect (another test session on
+            # this machine) until restore: connects to a bound port nobody listens on
+            # are refused just the same.
+            held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            held.bind(("127.0.0.1", self.port))
+            self._held = held
+
+    def _cut(self) -> None:
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone does not)
         self._listener.close()
@@ -89,11 +102,17 @@ class TcpProxy:
 
     def restore(self) -> None:
         """Listen again on the same port."""
-        self._listener = socket.create_server(("127.0.0.1", self.port))
+        held, self._held = self._held, None
+        assert held is not None, "restore() without refuse()"
+        held.listen()
+        self._listener = held
         self._start_accepting()
 
     def close(self) -> None:
-        self.refuse()
+        self._cut()
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
         for thread in self._threads:
             thread.join(timeout=5)
 
