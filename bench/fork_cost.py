@@ -4,9 +4,10 @@ template forks it, it copies the pages it writes, its exit unmaps them all). Eac
 runs in a new interpreter (``-I -S``); a fork is timed from ``fork()`` to its child's
 exit reaped, the child exiting at once or after reading every warm module's attributes
 as a sandbox's set-up reads its modules (each read writes a reference count, so copies
-the page). One command:
+the page). ``--per-module`` adds what each warm module alone adds to a bare
+interpreter's anonymous memory, and all of them together. One command:
 
-    .venv/bin/python bench/fork_cost.py [--n 60]
+    .venv/bin/python bench/fork_cost.py [--n 60] [--per-module]
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ print(json.dumps({k: sorted(v)[1] / PAGES * 1e6 for k, v in found.items()}))
 """
 
 FORKS = """
-import gc, json, os, sys, time
+import gc, os, sys, time  # json only at the end: it would bring re into the bare row
 for name in sys.argv[1].split(",") if sys.argv[1] else ():
     __import__(name)
 read_modules = sys.argv[2] == "read"
@@ -76,7 +77,23 @@ for _ in range(n):
     times.append(time.perf_counter() - started)
     time.sleep(0.01)
 times.sort()
-print(json.dumps({"p50": times[n // 2] * 1000, "p90": times[int(n * 0.9)] * 1000, **status()}))
+memory = status()
+import json
+print(json.dumps({"p50": times[n // 2] * 1000, "p90": times[int(n * 0.9)] * 1000, **memory}))
+"""
+
+
+ANON = """
+import gc, sys  # only what a bare interpreter has loaded already: json would bring re
+def anon():
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("RssAnon"))
+gc.collect()
+before = anon()
+for name in sys.argv[1].split(","):
+    __import__(name)
+gc.collect()
+print('{"kib": %d}' % (anon() - before))
 """
 
 
@@ -90,6 +107,7 @@ def probe(source: str, *args: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=60, help="forks per row")
+    parser.add_argument("--per-module", action="store_true", help="each warm module's anonymous memory")
     args = parser.parse_args()
     pages = probe(PAGES)
     print(f"{'what':<72} {'us/page':>8}")
@@ -110,6 +128,12 @@ def main() -> None:
             f"{label:<64} {found['p50']:>7.2f} {found['p90']:>7.2f} "
             f"{found['RssAnon'] / 1024:>7.1f}Mi {found['VmPTE']:>4}Ki"
         )
+    if args.per_module:
+        added = sorted(((probe(ANON, name)["kib"], name) for name in WARM), reverse=True)
+        print(f"\n{'anonymous memory a warm module adds to a bare interpreter':<64} {'KiB':>7}")
+        for kib, name in added:
+            print(f"{name:<64} {kib:>7}")
+        print(f"{'all of them together':<64} {probe(ANON, warm)['kib']:>7}")
 
 
 if __name__ == "__main__":

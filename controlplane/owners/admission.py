@@ -82,11 +82,6 @@ def admit_execution(name: str) -> Owner:
 # quoted names are put in; every value is a parameter.
 
 
-@functools.cache
-def _owner_fields() -> tuple[str, ...]:
-    return tuple(field.attname for field in Owner._meta.concrete_fields)
-
-
 OWNER_SQL = "SELECT {columns} FROM {table} WHERE {name} = %s LIMIT 1 FOR UPDATE"
 COUNTS_SQL = (
     "SELECT (SELECT count(*) FROM {table} WHERE {owner} = %s AND {status} = %s), "
@@ -96,22 +91,24 @@ COUNTS_SQL = (
 
 
 @functools.cache
-def _owner_sql() -> str:
+def _owner_sql() -> tuple[str, tuple[str, ...]]:
     """What ``Owner.objects.select_for_update().filter(name=...).first()`` sends, less
-    its ORDER BY (a name is unique)."""
+    its ORDER BY (a name is unique), and the fields its columns fill, in order."""
     qn, meta = connection.ops.quote_name, Owner._meta
     if any(field.get_db_converters(connection) for field in meta.concrete_fields):
         # Owner.from_db is given the values as the driver returns them.
         raise RuntimeError("an Owner field converts what it reads: admission must lock through the ORM")
     columns = ", ".join(qn(field.column) for field in meta.concrete_fields)
-    return OWNER_SQL.format(columns=columns, table=qn(meta.db_table), name=qn(meta.get_field("name").column))
+    sql = OWNER_SQL.format(columns=columns, table=qn(meta.db_table), name=qn(meta.get_field("name").column))
+    return sql, tuple(field.attname for field in meta.concrete_fields)
 
 
 def _locked_owner_in_postgres(name: str) -> Owner | None:
+    sql, fields = _owner_sql()
     with connection.cursor() as cursor:
-        cursor.execute(_owner_sql(), [name])
+        cursor.execute(sql, [name])
         row = cursor.fetchone()
-    return None if row is None else Owner.from_db(connection.alias, list(_owner_fields()), row)
+    return None if row is None else Owner.from_db(connection.alias, fields, row)
 
 
 @functools.cache
