@@ -19,17 +19,14 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import websocket  # noqa: E402
 
-from bench.host_speed import SNIPPET  # noqa: E402
+from bench.host_speed import SNIPPET, HostClient  # noqa: E402
 from holdfast_devtools import processes  # noqa: E402
-from holdfast_wire import protocol  # noqa: E402
 
 # The order an execution goes through them; the client's marks are made here.
 CHAIN = (
@@ -68,33 +65,20 @@ def main() -> None:
     token = secrets.token_urlsafe(32)
     host = processes.start_host(token, host_id="marks", env=env)
     client_marks: list[tuple[float, str]] = []
-    ws = None
+    client = None
     try:
-        ws = websocket.create_connection(processes.host_url(host), timeout=30)
-        ws.send(protocol.encode(protocol.Auth(token=token, client="bench")))
-        if not isinstance(protocol.decode(ws.recv()), protocol.AuthOk):
-            raise SystemExit("host_marks: the host refused us")
+        client = HostClient(processes.host_url(host), token)
         time.sleep(1.0)  # the reserve fills
         for i in range(args.n + 5):  # the first five warm the path
-            execution_id = uuid.uuid4().hex
-            frame = protocol.encode(protocol.Execute(id=execution_id, code=SNIPPET, timeout_ms=10_000, memory_mb=256))
-            sent = time.monotonic()
-            ws.send(frame)
-            while True:
-                answer = protocol.decode(ws.recv())
-                if isinstance(answer, protocol.Result) and answer.id == execution_id:
-                    break
-                if isinstance(answer, protocol.NotStarted | protocol.Error):
-                    raise SystemExit(f"host_marks: refused: {answer}")
-            received = time.monotonic()
-            if answer.status != "succeeded":
-                raise SystemExit(f"host_marks: execution failed: {answer}")
+            # From its frame's first byte written to the result's last byte read (P1's
+            # host side): the client's framing and decoding are outside both marks.
+            sent, received = client.exchange(SNIPPET, clock=time.monotonic)
             if i >= 5:
                 client_marks += [(sent, "client sends"), (received, "client has the result")]
             time.sleep(args.pause_s)
     finally:
-        if ws is not None:
-            ws.close()
+        if client is not None:
+            client.close()
         host.stop()
     host_marks = [(float(t), what) for t, what in (line.split(" ", 1) for line in marks_path.read_text().splitlines())]
     shutil.rmtree(work)

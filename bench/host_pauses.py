@@ -1,7 +1,8 @@
 """Host side, one trivial execution at a time, at several pauses between them: the p50
-from the frame sent to the result received, on a real host with the warm template and
-its reserve (no pool, no database). For comparing a change of the host against another
-checkout on a noisy machine: run it on each, alternated, in the same session.
+from the frame's first byte written to the result's last byte read (P1's host side,
+``HostClient.exchange``), on a real host with the warm template and its reserve (no
+pool, no database). For comparing a change of the host against another checkout on a
+noisy machine: run it on each, alternated, in the same session.
 
     .venv/bin/python bench/host_pauses.py [--n 200] [--pauses 0.005,0.002]
     .venv/bin/python bench/host_pauses.py --checkout /path/to/other/checkout
@@ -52,7 +53,7 @@ def main() -> None:
         print(f"host of {checkout} ({commit or 'not a git checkout'}), n={args.n} per pause")
         print(f"{'pause between executions':<28} {'p50 ms':>8} {'p95 ms':>8}")
         for pause in pauses:
-            p50, p95 = ms(host_speed.latencies(client.execute, args.n, pause_s=pause))
+            p50, p95 = ms(host_speed.host_side_latencies(client, args.n, pause_s=pause))
             print(f"{pause * 1000:>25g} ms {p50:>8.2f} {p95:>8.2f}")
         client.close()
     finally:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import websocket
+from websocket import ABNF
 
 from holdfast_wire import protocol
 from sandbox_host.sandbox import base_interpreter
@@ -74,8 +75,68 @@ class HostClient:
             if isinstance(frame, protocol.NotStarted | protocol.Error):
                 raise SystemExit(f"bench: execution refused: {frame}")
 
+    def host_side(self, code: str = SNIPPET) -> float:
+        """One execution timed as P1 defines it, host side, frame in to result frame out,
+        in seconds (``exchange``)."""
+        sent, received = self.exchange(code)
+        return received - sent
+
+    def exchange(self, code: str = SNIPPET, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+        """One execution: when its frame's first byte was written and when the result
+        frame's last byte was read back, on ``clock``. Building the frame (its id, JSON,
+        WebSocket framing and mask) comes before the first, decoding the result after
+        the second: that is this client's work, not the host's (0.3 ms of ``execute``'s
+        round trip, docs/benchmarks.md, eleventh session). The wake of this client when
+        the result arrives, and its reading the ``started`` frame meanwhile, are between."""
+        execution_id = uuid.uuid4().hex
+        text = protocol.encode(protocol.Execute(id=execution_id, code=code, timeout_ms=10_000, memory_mb=256))
+        data = ABNF.create_frame(text, ABNF.OPCODE_TEXT).format()
+        sock, frames = self.ws.sock, ServerFrames()
+        sent = clock()
+        sock.sendall(data)
+        while True:
+            chunk = sock.recv(1 << 16)
+            received = clock()
+            if not chunk:
+                raise SystemExit("bench: the host closed the connection")
+            for message in frames.feed(chunk):
+                frame = protocol.decode(message)
+                if isinstance(frame, protocol.Result) and frame.id == execution_id:
+                    if frame.status != "succeeded":
+                        raise SystemExit(f"bench: execution failed: {frame}")
+                    return sent, received
+                if isinstance(frame, protocol.NotStarted | protocol.Error):
+                    raise SystemExit(f"bench: execution refused: {frame}")
+
     def close(self) -> None:
         self.ws.close()
+
+
+class ServerFrames:
+    """The text messages in a host's WebSocket byte stream, fed as it is read (RFC 6455:
+    a server's frames are unmasked; the host sends each message as one frame).
+    ``websocket-client`` reads frames itself, but it cannot say when the bytes of one
+    arrived. Anything but a whole text frame is a surprise here, and stops the bench."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self.buffer += chunk
+        messages = []
+        while len(self.buffer) >= 2:
+            first, second = self.buffer[0], self.buffer[1]
+            length = second & 0x7F
+            at = {126: 4, 127: 10}.get(length, 2)  # a 16- or 64-bit length follows
+            if at > 2:
+                length = int.from_bytes(self.buffer[2:at], "big")  # short: the next check waits
+            if len(self.buffer) < at + length:
+                break
+            if first != 0x80 | ABNF.OPCODE_TEXT or second & 0x80:
+                raise SystemExit(f"bench: the host sent a frame this bench does not expect ({first:#x})")
+            messages.append(self.buffer[at : at + length])
+            self.buffer = self.buffer[at + length :]
+        return messages
 
 
 def latencies(fn: Callable[[], None], n: int, *, pause_s: float = 0.0) -> list[float]:
@@ -86,6 +147,15 @@ def latencies(fn: Callable[[], None], n: int, *, pause_s: float = 0.0) -> list[f
         started = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - started)
+        time.sleep(pause_s)
+    return samples
+
+
+def host_side_latencies(client: HostClient, n: int, *, pause_s: float = 0.0) -> list[float]:
+    """``n`` executions timed by ``client.host_side``, one at a time, ``pause_s`` apart."""
+    samples = []
+    for _ in range(n):
+        samples.append(client.host_side())
         time.sleep(pause_s)
     return samples
 

@@ -15,11 +15,12 @@ none). Rows, each against its baseline:
   the notification): what the database steps cost apart from the sandbox;
 * the memory (PSS) of an idle host and its children, and its peak while 8 executions
   run back to back (they drain its reserve: it can be lower than idle);
-* host side (issue 12), on a host's own WebSocket, frame in to result frame out: a
-  trivial execution in a prepared sandbox (the reserve) and in one started on arrival
-  (``--reserve 0``), each from the warm template (the default) and from bubblewrap and
-  a fresh interpreter (``--template off``), against a bare spawn of the interpreter
-  the sandboxes run (P1);
+* host side (issue 12), on a host's own WebSocket, frame in to result frame out (from
+  the frame's first byte written to the result's last byte read; the client's round
+  trip, its own framing and decoding included, beside it): a trivial execution in a
+  prepared sandbox (the reserve) and in one started on arrival (``--reserve 0``), each
+  from the warm template (the default) and from bubblewrap and a fresh interpreter
+  (``--template off``), against a bare spawn of the interpreter the sandboxes run (P1);
   8 in flight sustained for ``--seconds`` against a bare spawn loop of the same
   concurrency (P3); each in-flight execution's own memory (PSS; ``in_flight_pss``). The prepared
   sandbox is timed both now and then (``--pause-s``) and on a busy host
@@ -372,6 +373,7 @@ def measure_host(
         client = host_speed.HostClient(url, token)
         wait_for_reserve(host, reserve_of(args))
         samples = {pause: host_speed.latencies(client.execute, n, pause_s=pause) for pause in pauses}
+        inside = {pause: host_speed.host_side_latencies(client, n, pause_s=pause) for pause in pauses}
         client.close()
         clients: list[host_speed.HostClient] = []
 
@@ -386,7 +388,14 @@ def measure_host(
         idle_pss, busy_pss = in_flight_pss(host, url, token, reserve_of(args))
     finally:
         host.stop()
-    return {"label": label, "samples": samples, "rate": rate, "idle_pss": idle_pss, "busy_pss": busy_pss}
+    return {
+        "label": label,
+        "samples": samples,
+        "inside": inside,
+        "rate": rate,
+        "idle_pss": idle_pss,
+        "busy_pss": busy_pss,
+    }
 
 
 def host_side(token: str, n: int, seconds: float, pause_s: float, busy_pause_s: float) -> dict:
@@ -426,9 +435,15 @@ def host_side(token: str, n: int, seconds: float, pause_s: float, busy_pause_s: 
         ratios = []
         for pause, samples in found["samples"].items():
             p50, p95 = ms(samples)
+            h50, h95 = ms(found["inside"][pause])
             every = f"1 at a time, {pause * 1000:g} ms apart"
-            rows.append((f"host side, {label}, {every}", f"{p50:.1f}", f"{p95:.1f}", f"{1000 / p50:.1f}/s"))
-            ratios.append(f"{p50 / b50:.2f}x the bare spawn {pause * 1000:g} ms apart ({p50 / i50:.2f}x as installed)")
+            rows.append((f"host side, {label}, {every}", f"{h50:.1f}", f"{h95:.1f}", f"{1000 / h50:.1f}/s"))
+            rows.append((f"  the client's round trip (its framing and decoding too), {every}", f"{p50:.1f}",
+                         f"{p95:.1f}", f"{1000 / p50:.1f}/s"))  # fmt: skip
+            ratios.append(
+                f"{h50 / b50:.2f}x the bare spawn {pause * 1000:g} ms apart ({h50 / i50:.2f}x as installed; "
+                f"the client's round trip {p50 / b50:.2f}x)"
+            )
         rows.append((f"host side, {label}, 8 in flight {seconds:g} s", "", "", f"{rate:.1f}/s"))
         unique = (found["busy_pss"] - found["idle_pss"]) / 8 / 1024
         notes.append(
