@@ -280,8 +280,8 @@ class Child:
         """Hand a prepared child its one execution. Raises ``ChildError`` if it is gone
         (it read nothing, so the code provably never ran)."""
         assert self._feed is not None
-        header = waiter.header(limits.memory_mb * 1024 * 1024, self._cpu_s(limits))
-        payload = header + code.encode("utf-8", errors="surrogatepass")
+        source = code.encode("utf-8", errors="surrogatepass")
+        payload = waiter.header(limits.memory_mb * 1024 * 1024, self._cpu_s(limits)) + source
         feed, self._feed = self._feed, None
         try:
             if self.cgroup:
@@ -302,12 +302,12 @@ class Child:
                     for pid in pids:
                         with contextlib.suppress(ProcessLookupError):
                             os.setpriority(os.PRIO_PROCESS, pid, 0)
-            # The file first: the code must be there before it runs.
-            with open(os.open(self._snippet, os.O_WRONLY | os.O_TRUNC), "wb") as fh:
-                fh.write(code.encode("utf-8", errors="surrogatepass"))
-            with open(feed, "wb", closefd=True) as pipe:
-                feed = -1
-                pipe.write(payload)
+            # The file first: the code must be there before it runs. Plain writes, no
+            # file objects: this is on every execution's path, and there each object
+            # built costs (docs/benchmarks.md, eleventh session).
+            _write_all(os.open(self._snippet, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC), source)
+            fd, feed = feed, -1
+            _write_all(fd, payload)
         except OSError as exc:
             if feed >= 0:
                 os.close(feed)
@@ -458,6 +458,16 @@ class Child:
         if snippet:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(snippet)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` whole to ``fd``, then close it (on an error too)."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def _exit_status(reported: bytes) -> int | None:

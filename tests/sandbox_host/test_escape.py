@@ -399,6 +399,30 @@ def test_the_code_cannot_report_an_exit_status_no_exit_could_give(host):
     assert (result.status, result.exit_code, result.stdout) == ("succeeded", 0, "done\n"), result
 
 
+def test_the_code_finds_itself_whole_in_its_own_file_and_cannot_change_it(host):
+    # As under ``python -I /holdfast/main.py``: the file holds exactly the code (a script
+    # that reads itself, inspect, a traceback of a line it has not run), and it is the
+    # host's copy, read-only, not something the code could swap.
+    code = textwrap.dedent(
+        """\
+        import sys
+        with open(__file__, "rb") as fh:
+            text = fh.read().decode("utf-8")
+        try:
+            open(__file__, "a").close()
+            print("appended")
+        except OSError as exc:
+            print("refused", exc.errno)
+        print(__file__, sys.argv[0] == __file__, len(text), repr(text[-14:]))
+        # the last line, ünïcödé
+        """
+    )
+    result = run(host, code)
+    refused, itself = lines(result)
+    assert refused.startswith("refused "), result.stdout
+    assert itself == f"/holdfast/main.py True {len(code)} {code[-14:]!r}"
+
+
 # --- resources -----------------------------------------------------------------------
 
 
