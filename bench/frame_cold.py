@@ -1,0 +1,99 @@
+"""What the host's handling of one execute frame costs warm and after a pause: the
+WebSocket layer reading it, the wire's session decoding it, and the ``started`` frame
+encoded and framed back; in this process, no socket, no thread, no child. Run back to
+back, and 100 ms apart (an execution now and then) in three ways: asleep, spinning on
+the clock (the CPU never idle), and spinning while writing across 64 MiB. If the pause
+costs as much spinning as asleep, it is not the CPU waking from idle but what the code
+and data left in the caches and TLBs meanwhile. One command:
+
+    .venv/bin/python bench/frame_cold.py [--n 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.server import ServerProtocol
+from websockets.uri import parse_uri
+
+from holdfast_wire import protocol, server
+
+TOKEN = "frame-cold-" + "x" * 32
+STEPS = ("the frame read (websockets)", "decoded (the wire's session)", "started encoded and framed")
+
+
+def opened() -> tuple[ServerProtocol, server.ServerSession]:
+    """A server-side WebSocket past its handshake and a session past its auth, as a
+    host's connection has them when executions arrive."""
+    ws = ServerProtocol(max_size=protocol.MAX_FRAME_BYTES)
+    client = ClientProtocol(parse_uri("ws://bench/"))
+    client.send_request(client.connect())
+    ws.receive_data(b"".join(client.data_to_send()))
+    ws.send_response(ws.accept(ws.events_received()[0]))
+    ws.data_to_send()
+    session = server.ServerSession(token=TOKEN)
+    session.receive(protocol.encode(protocol.Auth(token=TOKEN, client="bench")))
+    session.data_to_send()
+    return ws, session
+
+
+def one(ws: ServerProtocol, session: server.ServerSession, pause: Callable[[], None]) -> tuple[float, ...]:
+    execution_id = uuid.uuid4().hex
+    text = protocol.encode(protocol.Execute(id=execution_id, code="print(1)", timeout_ms=10_000, memory_mb=256))
+    data = Frame(Opcode.TEXT, text.encode()).serialize(mask=True, extensions=[])
+    pause()
+    t0 = time.perf_counter()
+    ws.receive_data(data)
+    (event,) = ws.events_received()
+    t1 = time.perf_counter()
+    session.receive(event.data)
+    t2 = time.perf_counter()
+    session.send(protocol.Started(id=execution_id))
+    for message in session.data_to_send():
+        ws.send_text(message.encode())
+    ws.data_to_send()
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2
+
+
+def spin(seconds: float, memory: bytearray | None = None) -> None:
+    deadline = time.perf_counter() + seconds
+    at = 0
+    while time.perf_counter() < deadline:
+        if memory is not None:
+            memory[at % len(memory)] = 1
+            at += 7 * 4096 + 64  # a new page and cache line each time
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=40)
+    args = parser.parse_args()
+    ws, session = opened()
+    memory = bytearray(64 << 20)
+    ways: dict[str, Callable[[], None]] = {
+        "back to back": lambda: None,
+        "100 ms apart, asleep": lambda: time.sleep(0.1),
+        "100 ms apart, spinning": lambda: spin(0.1),
+        "100 ms apart, spinning over 64 MiB": lambda: spin(0.1, memory),
+    }
+    print(f"{'p50 us, n=' + str(args.n):<36}" + "".join(f"{step:>30}" for step in STEPS))
+    for name, pause in ways.items():
+        samples = [one(ws, session, pause) for _ in range(args.n + 5)][5:]
+        row = "".join(f"{statistics.median(column) * 1e6:>30.1f}" for column in zip(*samples, strict=True))
+        print(f"{name:<36}{row}")
+
+
+if __name__ == "__main__":
+    main()
