@@ -26,6 +26,7 @@ from websockets.frames import Frame, Opcode
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
+from bench.host_speed import execute_frame
 from holdfast_wire import protocol, server
 
 TOKEN = "frame-cold-" + "x" * 32
@@ -48,9 +49,9 @@ def opened() -> tuple[ServerProtocol, server.ServerSession]:
 
 
 def one(ws: ServerProtocol, session: server.ServerSession, pause: Callable[[], None]) -> tuple[float, ...]:
+    """Each step's seconds for one execute frame arriving after ``pause()``."""
     execution_id = uuid.uuid4().hex
-    text = protocol.encode(protocol.Execute(id=execution_id, code="print(1)", timeout_ms=10_000, memory_mb=256))
-    data = Frame(Opcode.TEXT, text.encode()).serialize(mask=True, extensions=[])
+    data = Frame(Opcode.TEXT, execute_frame(execution_id, "print(1)").encode()).serialize(mask=True, extensions=[])
     pause()
     t0 = time.perf_counter()
     ws.receive_data(data)
@@ -73,7 +74,6 @@ def spin(seconds: float, memory: bytearray | None = None) -> None:
         if memory is not None:
             memory[at % len(memory)] = 1
             at += 7 * 4096 + 64  # a new page and cache line each time
-    return None
 
 
 def main() -> None:

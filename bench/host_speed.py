@@ -54,7 +54,9 @@ def clean_spawn() -> None:
 
 
 class HostClient:
-    """One authenticated connection; ``execute`` sends a frame and waits for its result."""
+    """One authenticated connection. ``execute`` sends a frame and waits for its result
+    (the client's round trip); ``exchange`` and ``host_side`` time one execution as P1
+    defines it, host side, frame in to result frame out."""
 
     def __init__(self, url: str, token: str) -> None:
         self.ws = websocket.create_connection(url, timeout=30)
@@ -65,7 +67,7 @@ class HostClient:
 
     def execute(self, code: str = SNIPPET) -> None:
         execution_id = uuid.uuid4().hex
-        self.ws.send(protocol.encode(protocol.Execute(id=execution_id, code=code, timeout_ms=10_000, memory_mb=256)))
+        self.ws.send(execute_frame(execution_id, code))
         while True:
             frame = protocol.decode(self.ws.recv())
             if isinstance(frame, protocol.Result) and frame.id == execution_id:
@@ -85,12 +87,14 @@ class HostClient:
         """One execution: when its frame's first byte was written and when the result
         frame's last byte was read back, on ``clock``. Building the frame (its id, JSON,
         WebSocket framing and mask) comes before the first, decoding the result after
-        the second: that is this client's work, not the host's (0.3 ms of ``execute``'s
-        round trip, docs/benchmarks.md, eleventh session). The wake of this client when
-        the result arrives, and its reading the ``started`` frame meanwhile, are between."""
+        the second: that is this client's work, not the host's. The wake of this client
+        when the result arrives, and its reading the ``started`` frame meanwhile, are
+        between. Reads the socket itself, beside websocket-client, so it checks that
+        neither holds bytes of the other's."""
+        if getattr(getattr(self.ws, "frame_buffer", None), "recv_buffer", None):
+            raise SystemExit("bench: websocket-client holds unread bytes; the socket cannot be read beside it")
         execution_id = uuid.uuid4().hex
-        text = protocol.encode(protocol.Execute(id=execution_id, code=code, timeout_ms=10_000, memory_mb=256))
-        data = ABNF.create_frame(text, ABNF.OPCODE_TEXT).format()
+        data = ABNF.create_frame(execute_frame(execution_id, code), ABNF.OPCODE_TEXT).format()
         sock, frames = self.ws.sock, ServerFrames()
         sent = clock()
         sock.sendall(data)
@@ -99,11 +103,14 @@ class HostClient:
             received = clock()
             if not chunk:
                 raise SystemExit("bench: the host closed the connection")
-            for message in frames.feed(chunk):
+            messages = frames.feed(chunk)
+            for i, message in enumerate(messages):
                 frame = protocol.decode(message)
                 if isinstance(frame, protocol.Result) and frame.id == execution_id:
                     if frame.status != "succeeded":
                         raise SystemExit(f"bench: execution failed: {frame}")
+                    if frames.buffer or i != len(messages) - 1:
+                        raise SystemExit("bench: the host sent more after the result; it would be lost here")
                     return sent, received
                 if isinstance(frame, protocol.NotStarted | protocol.Error):
                     raise SystemExit(f"bench: execution refused: {frame}")
@@ -112,11 +119,18 @@ class HostClient:
         self.ws.close()
 
 
+def execute_frame(execution_id: str, code: str) -> str:
+    """The execute frame every host-side row sends: limits well above what a trivial
+    snippet needs, the same for every row."""
+    return protocol.encode(protocol.Execute(id=execution_id, code=code, timeout_ms=10_000, memory_mb=256))
+
+
 class ServerFrames:
     """The text messages in a host's WebSocket byte stream, fed as it is read (RFC 6455:
     a server's frames are unmasked; the host sends each message as one frame).
     ``websocket-client`` reads frames itself, but it cannot say when the bytes of one
-    arrived. Anything but a whole text frame is a surprise here, and stops the bench."""
+    arrived. Anything but a whole text frame is a surprise here, and stops the bench at
+    its first two bytes (a misread length would otherwise wait for bytes never sent)."""
 
     def __init__(self) -> None:
         self.buffer = b""
@@ -126,14 +140,14 @@ class ServerFrames:
         messages = []
         while len(self.buffer) >= 2:
             first, second = self.buffer[0], self.buffer[1]
+            if first != 0x80 | ABNF.OPCODE_TEXT or second & 0x80:
+                raise SystemExit(f"bench: the host sent a frame this bench does not expect ({first:#x})")
             length = second & 0x7F
             at = {126: 4, 127: 10}.get(length, 2)  # a 16- or 64-bit length follows
             if at > 2:
                 length = int.from_bytes(self.buffer[2:at], "big")  # short: the next check waits
             if len(self.buffer) < at + length:
                 break
-            if first != 0x80 | ABNF.OPCODE_TEXT or second & 0x80:
-                raise SystemExit(f"bench: the host sent a frame this bench does not expect ({first:#x})")
             messages.append(self.buffer[at : at + length])
             self.buffer = self.buffer[at + length :]
         return messages
@@ -158,6 +172,20 @@ def host_side_latencies(client: HostClient, n: int, *, pause_s: float = 0.0) -> 
         samples.append(client.host_side())
         time.sleep(pause_s)
     return samples
+
+
+def both_latencies(client: HostClient, n: int, *, pause_s: float) -> tuple[list[float], list[float]]:
+    """``n`` executions timed host side and ``n`` timed as the client's round trip,
+    alternated one for one, ``pause_s`` apart: the two rows see the same machine."""
+    inside, round_trips = [], []
+    for _ in range(n):
+        inside.append(client.host_side())
+        time.sleep(pause_s)
+        started = time.perf_counter()
+        client.execute()
+        round_trips.append(time.perf_counter() - started)
+        time.sleep(pause_s)
+    return inside, round_trips
 
 
 def wake_round_trips(n: int, *, pause_s: float) -> list[float]:

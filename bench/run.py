@@ -372,8 +372,9 @@ def measure_host(
         url = processes.host_url(host)
         client = host_speed.HostClient(url, token)
         wait_for_reserve(host, reserve_of(args))
-        samples = {pause: host_speed.latencies(client.execute, n, pause_s=pause) for pause in pauses}
-        inside = {pause: host_speed.host_side_latencies(client, n, pause_s=pause) for pause in pauses}
+        inside, samples = {}, {}
+        for pause in pauses:
+            inside[pause], samples[pause] = host_speed.both_latencies(client, n, pause_s=pause)
         client.close()
         clients: list[host_speed.HostClient] = []
 

@@ -39,6 +39,8 @@ def test_every_length_form_is_read_whole_however_the_bytes_arrive():
         pytest.param(server_frame(b"{}", Opcode.BINARY), id="binary"),
         pytest.param(server_frame(b"{}", mask=True), id="masked"),
         pytest.param(server_frame(b"", Opcode.PING), id="ping"),
+        # Refused at its first two bytes, not once a length it misread has arrived.
+        pytest.param(server_frame(b"x" * 300, mask=True)[:2], id="masked-header-alone"),
     ],
 )
 def test_a_frame_it_does_not_expect_stops_the_bench(frame):

@@ -401,8 +401,7 @@ def test_the_code_cannot_report_an_exit_status_no_exit_could_give(host):
 
 def test_the_code_finds_itself_whole_in_its_own_file_and_cannot_change_it(host):
     # As under ``python -I /holdfast/main.py``: the file holds exactly the code (a script
-    # that reads itself, inspect, a traceback of a line it has not run), and it is the
-    # host's copy, read-only, not something the code could swap.
+    # that reads itself, inspect, a traceback of a line it has not run), read-only.
     code = textwrap.dedent(
         """\
         import sys
