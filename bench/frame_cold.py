@@ -3,8 +3,8 @@ WebSocket layer reading it, the wire's session decoding it, and the ``started`` 
 encoded and framed back; in this process, no socket, no thread, no child. Run back to
 back, and 100 ms apart (an execution now and then) in three ways: asleep, spinning on
 the clock (the CPU never idle), and spinning while writing across 64 MiB. If the pause
-costs as much spinning as asleep, it is not the CPU waking from idle but what the code
-and data left in the caches and TLBs meanwhile. One command:
+costs as much spinning as asleep, it is not the CPU waking from idle (what it is
+instead, this does not measure; docs/benchmarks.md, eleventh session). One command:
 
     .venv/bin/python bench/frame_cold.py [--n 40]
 """

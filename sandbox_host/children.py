@@ -305,7 +305,7 @@ class Child:
             # The file first: the code must be there before it runs. Plain writes, no
             # file objects: this is on every execution's path, and there each object
             # built costs (docs/benchmarks.md, eleventh session).
-            _write_all(os.open(self._snippet, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC), source)
+            _write_all(os.open(self._snippet, os.O_WRONLY | os.O_TRUNC), source)
             fd, feed = feed, -1
             _write_all(fd, payload)
         except OSError as exc:
