@@ -9,17 +9,26 @@ nothing more. Here a message is written under a name no consumer matches and ren
 into place when complete, a consumer claims it with an atomic rename into the broker's
 own ``processed`` folder (one winner, same filesystem), and a file that still does not
 parse is set aside in ``bad/`` with a log line instead of stopping the worker.
+
+The exchange tables in the control folder had the same flaw. kombu's binder opens a
+table it does not find with ``"wb"`` and only then locks it, so a second binder either
+reads the still-empty file (a JSON error: the process fails to declare its queue) or,
+having missed it too, truncates what the first wrote (a binding lost: what is published
+to that exchange reaches no queue). Here a table is opened without truncating, locked,
+and only then read and rewritten; an empty table is one not yet written.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from queue import Empty
 from time import time
 
-from kombu.transport import filesystem
+from kombu.transport import filesystem, virtual
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
 
@@ -93,6 +102,64 @@ class Channel(filesystem.Channel):
         except OSError:
             pass
         log.error("broker_message_unreadable", extra=fields(file=name, error=exc.__class__.__name__))
+
+    def get_table(self, exchange):
+        try:
+            fd = os.open(self._exchange_file(exchange), os.O_RDONLY)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise filesystem.ChannelError(f"Cannot open the table of exchange {exchange!r}") from exc
+        with os.fdopen(fd, "rb") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+            return _table(f.read())
+
+    def _queue_bind(self, exchange, routing_key, pattern, queue):
+        binding = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+
+        def bind(queues: list) -> None:
+            if binding not in queues:
+                queues.insert(0, binding)
+
+        self._update_table(exchange, bind)
+
+    def _delete(self, queue, exchange, routing_key, pattern, *args, **kwargs):
+        # kombu's filesystem transport rewrites the table itself; skip to the virtual
+        # transport's part, which forgets the queue's messages and its own state.
+        virtual.Channel._delete(self, queue, exchange, routing_key, pattern, *args, **kwargs)
+        binding = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+
+        def unbind(queues: list) -> None:
+            if binding in queues:
+                queues.remove(binding)
+
+        if os.path.exists(self._exchange_file(exchange)):
+            self._update_table(exchange, unbind)
+
+    def _update_table(self, exchange: str, change: Callable[[list], None]) -> None:
+        """Read, change and rewrite one exchange's table under its lock. The file is
+        created without truncating, so a binder that finds it empty knows that it was
+        only just created by another, whose lock it then waits for."""
+        path = self._exchange_file(exchange)
+        self.control_folder.mkdir(exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise filesystem.ChannelError(f"Cannot open the table of exchange {exchange!r}") from exc
+        with os.fdopen(fd, "r+b", buffering=0) as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            queues = _table(f.read())
+            before = list(queues)
+            change(queues)
+            if queues != before or not before:
+                f.seek(0)
+                f.write(str_to_bytes(dumps(queues)))
+                f.truncate()
+                os.fsync(f.fileno())
+
+
+def _table(raw: bytes) -> list:
+    return [filesystem.exchange_queue_t(*q) for q in loads(bytes_to_str(raw))] if raw else []
 
 
 class Transport(filesystem.Transport):

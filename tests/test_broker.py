@@ -143,3 +143,50 @@ def test_concurrent_producers_and_consumers_deliver_each_message_exactly_once(tm
     assert sorted(consumed) == list(range(per_producer * producers))
     assert not (tmp_path / "bad").exists()
     assert os.listdir(tmp_path / "queue") == []
+
+
+def _bind_each(root: str, me: int, exchanges: int, start) -> None:
+    """Bind this process's own queue to each of ``exchanges`` fresh exchanges, beside
+    the other binders, all released at once."""
+    with _connection(Path(root)) as conn:
+        channel = conn.default_channel
+        channel.queue_declare(f"q-{me}")
+        for k in range(exchanges):
+            channel.exchange_declare(f"ex-{k}", type="direct")
+        start.wait(timeout=60)
+        for k in range(exchanges):
+            channel.queue_bind(f"q-{me}", exchange=f"ex-{k}", routing_key=f"q-{me}")
+
+
+def test_queues_bound_at_once_to_a_new_exchange_all_keep_their_binding(tmp_path):
+    # Each binder finds the table missing or empty at the moment another creates it:
+    # kombu's own reads the empty file (a JSON error) or truncates the other's binding.
+    binders, exchanges = 4, 400
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(binders)
+    procs = [ctx.Process(target=_bind_each, args=(str(tmp_path), me, exchanges, start)) for me in range(binders)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    with _connection(tmp_path) as conn:
+        channel = conn.default_channel
+        for k in range(exchanges):
+            bound = sorted(q.queue for q in channel.get_table(f"ex-{k}"))
+            assert bound == [f"q-{me}" for me in range(binders)], f"ex-{k}"
+
+
+def test_an_exchange_table_found_empty_is_a_table_not_yet_written(tmp_path):
+    with _connection(tmp_path) as conn:
+        channel = conn.default_channel
+        # What a binder that has created the table but not yet written it leaves.
+        (tmp_path / "control" / "ex.exchange").write_bytes(b"")
+        assert channel.get_table("ex") == []
+        channel.exchange_declare("ex", type="direct")
+        for queue in ("q", "r"):
+            channel.queue_declare(queue)
+            channel.queue_bind(queue, exchange="ex", routing_key=queue)
+        assert sorted(q.queue for q in channel.get_table("ex")) == ["q", "r"]
+        channel.queue_delete("q")
+        assert [q.queue for q in channel.get_table("ex")] == ["r"]
