@@ -110,9 +110,13 @@ class Channel(filesystem.Channel):
             return []
         except OSError as exc:
             raise filesystem.ChannelError(f"Cannot open the table of exchange {exchange!r}") from exc
-        with os.fdopen(fd, "rb") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_SH)
-            return _table(f.read())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return _table(_read_all(fd))
+        except OSError as exc:
+            raise filesystem.ChannelError(f"Cannot read the table of exchange {exchange!r}") from exc
+        finally:
+            os.close(fd)
 
     def _queue_bind(self, exchange, routing_key, pattern, queue):
         binding = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
@@ -124,8 +128,8 @@ class Channel(filesystem.Channel):
         self._update_table(exchange, bind)
 
     def _delete(self, queue, exchange, routing_key, pattern, *args, **kwargs):
-        # kombu's filesystem transport rewrites the table itself; skip to the virtual
-        # transport's part, which forgets the queue's messages and its own state.
+        # kombu's filesystem transport rewrites the table itself: skip to the virtual
+        # transport's part (it purges the queue's messages), then unbind here.
         virtual.Channel._delete(self, queue, exchange, routing_key, pattern, *args, **kwargs)
         binding = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
 
@@ -138,28 +142,46 @@ class Channel(filesystem.Channel):
 
     def _update_table(self, exchange: str, change: Callable[[list], None]) -> None:
         """Read, change and rewrite one exchange's table under its lock. The file is
-        created without truncating, so a binder that finds it empty knows that it was
-        only just created by another, whose lock it then waits for."""
+        created without truncating, so what another binder wrote is never cut away; a
+        binder that finds it empty holds the lock before its creator, who then reads
+        this binder's table. The new table is written in one write over the old, padded
+        with spaces to the old length rather than truncated, so a process killed part
+        way never leaves a table that does not parse."""
         path = self._exchange_file(exchange)
         self.control_folder.mkdir(exist_ok=True)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
             raise filesystem.ChannelError(f"Cannot open the table of exchange {exchange!r}") from exc
-        with os.fdopen(fd, "r+b", buffering=0) as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            queues = _table(f.read())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            raw = _read_all(fd)
+            queues = _table(raw)
             before = list(queues)
             change(queues)
-            if queues != before or not before:
-                f.seek(0)
-                f.write(str_to_bytes(dumps(queues)))
-                f.truncate()
-                os.fsync(f.fileno())
+            if queues == before and raw:
+                return
+            data = str_to_bytes(dumps(queues)).ljust(len(raw), b" ")
+            if os.pwrite(fd, data, 0) != len(data):
+                raise OSError(f"short write of the table of exchange {exchange!r}")
+            os.fsync(fd)
+        except OSError as exc:
+            raise filesystem.ChannelError(f"Cannot update the table of exchange {exchange!r}") from exc
+        finally:
+            os.close(fd)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.pread(fd, 65536, sum(map(len, chunks))):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _table(raw: bytes) -> list:
-    return [filesystem.exchange_queue_t(*q) for q in loads(bytes_to_str(raw))] if raw else []
+    """An exchange's bindings; an empty file is a table its creator has not written yet."""
+    text = bytes_to_str(raw).strip()
+    return [filesystem.exchange_queue_t(*q) for q in loads(text)] if text else []
 
 
 class Transport(filesystem.Transport):
