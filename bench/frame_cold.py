@@ -4,15 +4,19 @@ encoded and framed back; in this process, no socket, no thread, no child. Run ba
 back, and 100 ms apart (an execution now and then) in three ways: asleep, spinning on
 the clock (the CPU never idle), and spinning while writing across 64 MiB. If the pause
 costs as much spinning as asleep, it is not the CPU waking from idle (what it is
-instead, this does not measure; docs/benchmarks.md, eleventh session). One command:
+instead, this does not measure; docs/benchmarks.md, eleventh session). ``--hand`` adds
+the same rows with the frame read and the ``started`` frame built by a few lines of
+struct and websockets' own mask routine instead of its protocol object: what our own
+framing after auth could save (twelfth session). One command:
 
-    .venv/bin/python bench/frame_cold.py [--n 40]
+    .venv/bin/python bench/frame_cold.py [--n 40] [--hand]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import struct
 import sys
 import time
 import uuid
@@ -24,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
 from websockets.server import ServerProtocol
+from websockets.speedups import apply_mask
 from websockets.uri import parse_uri
 
 from bench.host_speed import execute_frame
@@ -48,21 +53,51 @@ def opened() -> tuple[ServerProtocol, server.ServerSession]:
     return ws, session
 
 
-def one(ws: ServerProtocol, session: server.ServerSession, pause: Callable[[], None]) -> tuple[float, ...]:
+def hand_read(data: bytes) -> bytes:
+    """The payload of one whole masked frame, trusted to be one (a measure, not a parser)."""
+    size, at = data[1] & 0x7F, 2
+    if size == 126:
+        size, at = struct.unpack_from("!H", data, 2)[0], 4
+    elif size == 127:
+        size, at = struct.unpack_from("!Q", data, 2)[0], 10
+    return apply_mask(data[at + 4 : at + 4 + size], data[at : at + 4])
+
+
+def hand_frame(text: bytes) -> bytes:
+    """A server's unmasked final text frame."""
+    size = len(text)
+    if size < 126:
+        return bytes((0x81, size)) + text
+    if size < 65536:
+        return struct.pack("!BBH", 0x81, 126, size) + text
+    return struct.pack("!BBQ", 0x81, 127, size) + text
+
+
+def one(
+    ws: ServerProtocol, session: server.ServerSession, pause: Callable[[], None], hand: bool = False
+) -> tuple[float, ...]:
     """Each step's seconds for one execute frame arriving after ``pause()``."""
     execution_id = uuid.uuid4().hex
     data = Frame(Opcode.TEXT, execute_frame(execution_id, "print(1)").encode()).serialize(mask=True, extensions=[])
     pause()
     t0 = time.perf_counter()
-    ws.receive_data(data)
-    (event,) = ws.events_received()
+    if hand:
+        message = hand_read(data)
+    else:
+        ws.receive_data(data)
+        (event,) = ws.events_received()
+        message = event.data
     t1 = time.perf_counter()
-    session.receive(event.data)
+    session.receive(message)
     t2 = time.perf_counter()
     session.send(protocol.Started(id=execution_id))
-    for message in session.data_to_send():
-        ws.send_text(message.encode())
-    ws.data_to_send()
+    for text in session.data_to_send():
+        if hand:
+            hand_frame(text.encode())
+        else:
+            ws.send_text(text.encode())
+    if not hand:
+        ws.data_to_send()
     t3 = time.perf_counter()
     return t1 - t0, t2 - t1, t3 - t2
 
@@ -79,6 +114,7 @@ def spin(seconds: float, memory: bytearray | None = None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=40)
+    parser.add_argument("--hand", action="store_true", help="add rows framed by hand")
     args = parser.parse_args()
     ws, session = opened()
     memory = bytearray(64 << 20)
@@ -88,11 +124,12 @@ def main() -> None:
         "100 ms apart, spinning": lambda: spin(0.1),
         "100 ms apart, spinning over 64 MiB": lambda: spin(0.1, memory),
     }
-    print(f"{'p50 us, n=' + str(args.n):<36}" + "".join(f"{step:>30}" for step in STEPS))
-    for name, pause in ways.items():
-        samples = [one(ws, session, pause) for _ in range(args.n + 5)][5:]
-        row = "".join(f"{statistics.median(column) * 1e6:>30.1f}" for column in zip(*samples, strict=True))
-        print(f"{name:<36}{row}")
+    print(f"{'p50 us, n=' + str(args.n):<46}" + "".join(f"{step:>30}" for step in STEPS))
+    for hand in (False, True) if args.hand else (False,):
+        for name, pause in ways.items():
+            samples = [one(ws, session, pause, hand) for _ in range(args.n + 5)][5:]
+            row = "".join(f"{statistics.median(column) * 1e6:>30.1f}" for column in zip(*samples, strict=True))
+            print(f"{name + (', by hand' if hand else ''):<46}{row}")
 
 
 if __name__ == "__main__":
