@@ -2,17 +2,18 @@
 these machines: the hypervisor's handling of page tables (every fork and page fault
 traps to it here, `nested_pvm=1`), or the cache. Each of three loops runs pinned to
 core 0, alone and beside each loop pinned to core 1: pure arithmetic, page faults
-(16 MiB mapped, touched a page at a time, unmapped), and forks of a process holding
-32 MiB (a template's fork is one). A loop slowed only beside the faulting or forking
-one would mean the refill's forks slow the next call through the hypervisor, whatever
-its priority (docs/benchmarks.md, twelfth session). Linux with two cores or more. One
-command:
+(16 MiB of private memory mapped, touched a page at a time, unmapped), and forks of a
+process holding 32 MiB (a template's fork is one). A loop slowed beside the faulting
+or forking one, and not beside the arithmetic, would point to something they share
+(the hypervisor or the cache; this does not tell which), which no priority of the
+refill could avoid (docs/benchmarks.md, twelfth session). Linux with two cores or more.
+One command:
 
     .venv/bin/python bench/beside.py [--seconds 2] [--rounds 3]
 
-This machine's rates drift by a quarter from minute to minute, so each round measures
-a loop alone and beside each other loop in turn, and a cell is the median over rounds
-of the ratio to the same round's alone.
+This machine's rates drift by a quarter from minute to minute, so each cell is the
+median over rounds of a loop's rate beside another against its rate alone measured
+just before it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def arithmetic(deadline: float) -> float:
 def page_faults(deadline: float) -> float:
     count, size = 0, 16 << 20
     while time.monotonic() < deadline:
-        area = mmap.mmap(-1, size)
+        area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         for offset in range(0, size, PAGE):
             area[offset] = 1
         area.close()
@@ -50,7 +51,6 @@ def page_faults(deadline: float) -> float:
 
 
 def forks(deadline: float) -> float:
-    held = bytearray(b"\1" * (32 << 20))  # touched: its pages are mapped and copied on fork
     count = 0
     while time.monotonic() < deadline:
         pid = os.fork()
@@ -58,16 +58,19 @@ def forks(deadline: float) -> float:
             os._exit(0)
         os.waitpid(pid, 0)
         count += 1
-    del held
     return count
 
 
 def rate(loop: str, core: int, seconds: float, start_at: float, out) -> None:
     os.sched_setaffinity(0, {core})
     body = {"arithmetic": arithmetic, "page faults": page_faults, "forks": forks}[loop]
+    # Touched before the clock starts, so each fork copies its page tables (the pages
+    # themselves are shared until written).
+    held = bytearray(b"\1" * (32 << 20)) if loop == "forks" else None
     while time.monotonic() < start_at:
         time.sleep(0.001)
     out.put(body(start_at + seconds) / seconds)
+    del held
 
 
 def measure(loop: str, beside: str | None, seconds: float) -> float:
@@ -81,9 +84,13 @@ def measure(loop: str, beside: str | None, seconds: float) -> float:
         procs.append(ctx.Process(target=rate, args=(beside, 1, seconds + 0.4, start_at - 0.2, ctx.Queue())))
     for p in procs:
         p.start()
-    value = results.get(timeout=seconds + 30)
-    for p in procs:
-        p.join(timeout=seconds + 30)
+    try:
+        value = results.get(timeout=seconds + 30)
+        for p in procs:
+            p.join(timeout=seconds + 30)
+    finally:
+        for p in procs:
+            p.kill()  # one that hangs must not run beside the next measurement
     return value
 
 
@@ -98,8 +105,8 @@ def main() -> None:
     for loop in LOOPS:
         alone, ratios = [], {b: [] for b in LOOPS}
         for _ in range(args.rounds):
-            alone.append(measure(loop, None, args.seconds))
             for b in LOOPS:
+                alone.append(measure(loop, None, args.seconds))
                 ratios[b].append(measure(loop, b, args.seconds) / alone[-1])
         row = "".join(f"{statistics.median(ratios[b]):>19.2f}x" for b in LOOPS)
         print(f"{loop:<14}{UNITS[loop]:<13}{statistics.median(alone):>12.1f}{row}")

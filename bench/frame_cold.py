@@ -6,8 +6,9 @@ the clock (the CPU never idle), and spinning while writing across 64 MiB. If the
 costs as much spinning as asleep, it is not the CPU waking from idle (what it is
 instead, this does not measure; docs/benchmarks.md, eleventh session). ``--hand`` adds
 the same rows with the frame read and the ``started`` frame built by a few lines of
-struct and websockets' own mask routine instead of its protocol object: what our own
-framing after auth could save (twelfth session). One command:
+struct and websockets' own mask routine instead of its protocol object, each sample
+alternated with one through websockets: at most what our own framing after auth could
+save, since these lines check nothing a parser must (twelfth session). One command:
 
     .venv/bin/python bench/frame_cold.py [--n 40] [--hand]
 """
@@ -35,7 +36,7 @@ from bench.host_speed import execute_frame
 from holdfast_wire import protocol, server
 
 TOKEN = "frame-cold-" + "x" * 32
-STEPS = ("the frame read (websockets)", "decoded (the wire's session)", "started encoded and framed")
+STEPS = ("the frame read", "decoded (the wire's session)", "started encoded and framed")
 
 
 def opened() -> tuple[ServerProtocol, server.ServerSession]:
@@ -125,11 +126,19 @@ def main() -> None:
         "100 ms apart, spinning over 64 MiB": lambda: spin(0.1, memory),
     }
     print(f"{'p50 us, n=' + str(args.n):<46}" + "".join(f"{step:>30}" for step in STEPS))
-    for hand in (False, True) if args.hand else (False,):
-        for name, pause in ways.items():
-            samples = [one(ws, session, pause, hand) for _ in range(args.n + 5)][5:]
-            row = "".join(f"{statistics.median(column) * 1e6:>30.1f}" for column in zip(*samples, strict=True))
-            print(f"{name + (', by hand' if hand else ''):<46}{row}")
+    kinds = (False, True) if args.hand else (False,)
+    rows: dict[str, str] = {}
+    for name, pause in ways.items():
+        samples: dict[bool, list] = {hand: [] for hand in kinds}
+        for _ in range(args.n + 5):
+            for hand in kinds:  # alternated, so both meet the machine in the same state
+                samples[hand].append(one(ws, session, pause, hand))
+        for hand in kinds:
+            columns = zip(*samples[hand][5:], strict=True)
+            label = f"{name}, {'by hand' if hand else 'websockets'}"
+            rows[label] = "".join(f"{statistics.median(column) * 1e6:>30.1f}" for column in columns)
+    for label in sorted(rows, key=lambda label: label.endswith("by hand")):
+        print(f"{label:<46}{rows[label]}")
 
 
 if __name__ == "__main__":

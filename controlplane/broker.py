@@ -146,7 +146,8 @@ class Channel(filesystem.Channel):
         binder that finds it empty holds the lock before its creator, who then reads
         this binder's table. The new table is written in one write over the old, padded
         with spaces to the old length rather than truncated, so a process killed part
-        way never leaves a table that does not parse."""
+        way does not leave a table that does not parse (a write of up to a page is not
+        split by a signal; a crash of the machine is another matter)."""
         path = self._exchange_file(exchange)
         self.control_folder.mkdir(exist_ok=True)
         try:

@@ -168,9 +168,13 @@ def test_queues_bound_at_once_to_a_new_exchange_all_keep_their_binding(tmp_path)
     procs = [ctx.Process(target=_bind_each, args=(str(tmp_path), me, exchanges, start)) for me in range(binders)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(timeout=120)
-        assert p.exitcode == 0
+    try:
+        for p in procs:
+            p.join(timeout=120)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            p.kill()  # one that hangs must not outlive the test
     with _connection(tmp_path) as conn:
         channel = conn.default_channel
         for k in range(exchanges):
