@@ -14,7 +14,9 @@ Errors::
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import json
 import os
 import selectors
@@ -22,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -123,6 +126,12 @@ class Child:
         self.cgroup = f"exec-{uid}" if uid is not None and isolation.cgroups.enabled else ""
         self.proc: subprocess.Popen[bytes] | TemplateProcess | None = None
         self._feed: int | None = None  # a prepared child's code pipe, our end
+        # After delivery: that end, kept open until clean-up, and how much went down it.
+        self._fed: int | None = None
+        self._fed_bytes = 0
+        # Set by ``wait``: it ended, not by us, with every byte of its code unread, so
+        # the code provably never ran (killed from outside as it was taken).
+        self.died_unread = False
         self._snippet = ""  # a prepared child's /holdfast/main.py, on the host
         self._status: int | None = None  # a prepared child's exit-status pipe, our end
         self._ended_early = False  # reported at its exit status; the sandbox may still be going
@@ -281,7 +290,7 @@ class Child:
         (it read nothing, so the code provably never ran)."""
         assert self._feed is not None
         source = code.encode("utf-8", errors="surrogatepass")
-        payload = waiter.header(limits.memory_mb * 1024 * 1024, self._cpu_s(limits)) + source
+        payload = waiter.header(limits.memory_mb * 1024 * 1024, self._cpu_s(limits), len(source)) + source
         feed, self._feed = self._feed, None
         try:
             if self.cgroup:
@@ -306,12 +315,13 @@ class Child:
             # file objects: this is on every execution's path, and there each object
             # built costs (docs/benchmarks.md, eleventh session).
             _write_all(os.open(self._snippet, os.O_WRONLY | os.O_TRUNC), source)
-            fd, feed = feed, -1
-            _write_all(fd, payload)
+            # Our end stays open: a sandbox killed as it was taken has not released its
+            # end yet, so the write succeeds; what it left unread says so (``wait``).
+            _write_whole(feed, payload)
         except OSError as exc:
-            if feed >= 0:
-                os.close(feed)
+            os.close(feed)
             raise ChildError(f"the prepared child is gone: {exc.__class__.__name__}") from None
+        self._fed, self._fed_bytes = feed, len(payload)
         self.code, self.limits = code, limits
 
     def discard(self) -> None:
@@ -401,6 +411,10 @@ class Child:
                 # (bubblewrap has exited), so this /proc scan stays off that path.
                 kill_uid(self.uid)
         duration_ms = int((time.monotonic() - started) * 1000)
+        # A prepared child that read nothing of its code: the caller may run the code
+        # elsewhere, since it never ran here (an exit we caused is reported as such).
+        unread = bool(self._fed_bytes) and self._unread() == self._fed_bytes
+        self.died_unread = unread and not status and returncode != 0
         if status:
             return ChildOutcome(status, None, out.text(), err.text(), duration_ms, error)
         if returncode == 0:
@@ -427,6 +441,17 @@ class Child:
         if not self.isolation.sandboxed and self.uid is not None:
             kill_uid(self.uid)  # without a PID namespace, a setsid'd grandchild left the group
 
+    def _unread(self) -> int:
+        """Bytes of the delivered payload still in the code pipe (0 if none was)."""
+        if self._fed is None:
+            return 0
+        count = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._fed, termios.FIONREAD, count)
+        except OSError:
+            return 0
+        return count[0]
+
     def _close_status(self) -> None:
         status, self._status = self._status, None
         if status is not None:
@@ -449,6 +474,9 @@ class Child:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(timeout=defaults.DEFAULT_PIPE_DRAIN_S)
         self._close_status()
+        fed, self._fed = self._fed, None
+        if fed is not None:
+            os.close(fed)
         if isinstance(self.proc, TemplateProcess):
             self.proc.close()
         cgroup, self.cgroup = self.cgroup, ""
@@ -463,11 +491,15 @@ class Child:
 def _write_all(fd: int, data: bytes) -> None:
     """Write ``data`` whole to ``fd``, then close it (on an error too)."""
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_whole(fd, data)
     finally:
         os.close(fd)
+
+
+def _write_whole(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _exit_status(reported: bytes) -> int | None:

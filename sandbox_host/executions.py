@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from holdfast_wire import protocol
 
+from . import defaults
 from .children import Child, ChildError, Limits
 from .isolation import Isolation
 from .log import log
@@ -179,6 +180,29 @@ def run_execution(
         )
         send(protocol.Started(id=frame.id))
         outcome = child.wait()
+        retries = defaults.DEFAULT_UNREAD_SANDBOX_RETRIES
+        while child.died_unread:
+            # Killed from outside with its code written but not one byte read: the code
+            # never ran, so it gets another sandbox (DESIGN.md: an execution is never
+            # lost to the reserve, and never run twice).
+            log("execution_sandbox_died_unread", conn=conn_id, id=frame.id, slot=running.slot)
+            child.cleanup()
+            admission.return_slot(running.slot)
+            running.slot, child = -1, None
+            retries -= 1
+            if retries >= 0:
+                child, prepared = _start(
+                    frame, running, limits, admission=admission, isolation=isolation, reserve=reserve
+                )
+            if child is None:
+                # Still provably never ran: the pool may move it, ``started`` or not.
+                log("execution_not_started", conn=conn_id, id=frame.id, reason="spawn_failed")
+                admission.release(running)
+                send(protocol.NotStarted(id=frame.id, reason="spawn_failed"))
+                return
+            if not admission.attach(running, child):
+                child.stop("cancelled", "Execution was cancelled")
+            outcome = child.wait()
         admission.finish(running)
         send(
             protocol.Result(

@@ -5,7 +5,11 @@ A host keeps a few sandboxes prepared ahead of time (``reserve.py``): bubblewrap
 built each one's private root and namespaces, ``setpriv`` has dropped it to its slot's
 uid with no capabilities and no_new_privs, the seccomp filter is loaded, and this
 program is blocked reading an inherited pipe. The host writes one header line (the
-execution's rlimits) and the code, then closes the pipe. This program lowers its
+execution's rlimits and the code's length) and the code, and keeps its end open until
+the sandbox has ended: what is still unread in the pipe then tells whether a sandbox
+that died (killed from outside the moment it was taken) had read its code, so an
+execution whose code provably never ran is given another sandbox (``children.py``,
+``Child.died_unread``). This program reads exactly that much, lowers its
 limits to the execution's, compiles the code (here, in the sandbox, never before) and
 runs it as ``__main__`` the way ``python -I /holdfast/main.py`` would: same module
 name, ``__file__``, ``sys.argv``, tracebacks (without this program's frame) and exit
@@ -44,18 +48,32 @@ from importlib.machinery import SourceFileLoader
 FILENAME = "/holdfast/main.py"
 
 
-def header(as_bytes: int, cpu_s: int) -> bytes:
-    """The line before the code: the execution's address-space and CPU limits (two
-    integers, not JSON: parsed with no Python call once the code is in)."""
-    return b"%d %d\n" % (as_bytes, cpu_s)
+def header(as_bytes: int, cpu_s: int, size: int) -> bytes:
+    """The line before the code: the execution's address-space and CPU limits and the
+    code's length in bytes (integers, not JSON: parsed with no Python call once the
+    code is in)."""
+    return b"%d %d %d\n" % (as_bytes, cpu_s, size)
 
 
-def read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 16):
-        chunks.append(chunk)
+def read_payload(fd: int) -> tuple[bytes, bytes]:
+    """The header line and the code, read to the length the header gives (the host's
+    end stays open, so no end of file marks it), then ``fd`` closed. Empty for a pipe
+    closed with nothing in it: the host let this sandbox go unused."""
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    line, _, code = data.partition(b"\n")
+    if line:
+        chunks, size, got = [code], int(line.split()[2]), len(code)
+        while got < size and (chunk := os.read(fd, min(size - got, 1 << 20))):
+            chunks.append(chunk)
+            got += len(chunk)
+        code = b"".join(chunks)
     os.close(fd)
-    return b"".join(chunks)
+    return line, code
 
 
 _status_fd = -1
@@ -75,13 +93,12 @@ def serve(code_fd: int, status_fd: int, arrived: types.FunctionType | None = Non
     if status_fd >= 0:
         _status_fd = status_fd
         os.set_inheritable(_status_fd, False)
-    data = read_all(code_fd)
-    if not data:
+    line, code = read_payload(code_fd)
+    if not line:
         os._exit(0)
     if arrived is not None:
         arrived()
-    line, _, code = data.partition(b"\n")
-    as_bytes, cpu_s = map(int, line.split())
+    as_bytes, cpu_s, _ = map(int, line.split())
     # Lowering only: the sandbox was started with the reserve's ceilings, and an
     # unprivileged process can never raise a hard limit again.
     resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))

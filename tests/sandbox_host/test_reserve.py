@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from holdfast_wire import protocol
 from sandbox_host import defaults
 from sandbox_host.children import WAITER_INSIDE
 from sandbox_host.template_host import WAITING_NAME
-from tests.support.host import connect, descendants, execute, start_host
+from tests.support.host import connect, descendants, execute, new_id, recv_frame, send_frame, start_host
 from tests.timing import scaled, wait_until
 
 from .conftest import TOKEN
@@ -305,6 +306,64 @@ def test_a_sandbox_that_died_waiting_costs_no_execution(shared_dir, source):
         wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to refill")
     assert [r.status for r in results] == ["succeeded"] * 3
     assert marker.read_text().count("ran") == 3  # each ran exactly once
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_a_sandbox_killed_as_its_code_arrives_costs_no_execution(shared_dir, source):
+    """A sandbox killed from outside after the host wrote its code but before it read
+    a byte (its end of the pipe is not released yet, so the write succeeds): the code
+    never ran, so it runs once in another sandbox. The waiting sandboxes are stopped
+    first, so the code provably sits unread when they are killed."""
+    marker = shared_dir / "ran.txt"
+    marker.touch()
+    marker.chmod(0o666)
+    args = ("--reserve", "2", "--insecure-shared-dir", str(shared_dir), *SOURCES[source])
+    with start_host(TOKEN, extra_args=args) as host:
+        wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
+        stopped = waiting_sandboxes(host)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        ws = connect(host.url, TOKEN)
+        try:
+            execution_id = new_id()
+            code = f"open({str(marker)!r}, 'a').write('ran\\n'); print('ok')"
+            send_frame(ws, protocol.Execute(id=execution_id, code=code, timeout_ms=10_000, memory_mb=256))
+            assert isinstance(recv_frame(ws), protocol.Started)  # delivered to a stopped sandbox
+            for pid in stopped:
+                os.kill(pid, signal.SIGKILL)
+            result = recv_frame(ws)
+        finally:
+            ws.close()
+        died_unread = sum("event=execution_sandbox_died_unread" in line for line in host.log_lines)
+    assert (result.type, result.status, result.stdout) == ("result", "succeeded", "ok\n"), result
+    assert marker.read_text().count("ran") == 1
+    assert died_unread >= 1
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_a_sandbox_killed_after_it_read_its_code_is_not_run_again(shared_dir, source):
+    """The other side of the rule above: once the code was read it may have run, so a
+    sandbox killed then fails its execution and nothing runs it again."""
+    marker = shared_dir / "ran.txt"
+    marker.touch()
+    marker.chmod(0o666)
+    args = ("--reserve", "2", "--insecure-shared-dir", str(shared_dir), *SOURCES[source])
+    with start_host(TOKEN, extra_args=args) as host:
+        wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
+        before = waiting_sandboxes(host)
+        ws = connect(host.url, TOKEN)
+        try:
+            code = f"import time\nopen({str(marker)!r}, 'a').write('ran\\n')\ntime.sleep(60)"
+            send_frame(ws, protocol.Execute(id=new_id(), code=code, timeout_ms=30_000, memory_mb=256))
+            assert isinstance(recv_frame(ws), protocol.Started)
+            wait_until(lambda: "ran" in marker.read_text(), timeout=10, what="the code to run")
+            for pid in before:  # the one that took it, and the one still waiting
+                os.kill(pid, signal.SIGKILL)
+            result = recv_frame(ws)
+        finally:
+            ws.close()
+    assert (result.type, result.status) == ("result", "failed"), result
+    assert marker.read_text().count("ran") == 1
 
 
 def test_what_does_not_fit_the_ceilings_gets_a_fresh_sandbox(host):
