@@ -12,8 +12,9 @@ it gets back. The session holds the rules of the conversation (docs/protocol.md)
   an answer naming no pending request is not ours and is dropped;
 * ``draining`` (in ``auth_ok``, as a frame, or as a ``not_started`` reason) means take
   no new work here: ``HostDraining``, once, and the shell retires the connection;
-* ``not_started`` means the host created nothing for the request: ``Movable``, the
-  caller may send it elsewhere;
+* ``not_started`` means the request provably never ran there (the host created nothing
+  for it, or its sandboxes died before reading the code, even after ``started``):
+  ``Movable``, the caller may send it elsewhere;
 * ``result`` (and the run answers) resolve their request: ``Answered``;
 * a frame this release cannot read (an unknown type, a field of the wrong shape) is
   ignored, so a host of release N+1 can add frames (compatibility N-1 <-> N);

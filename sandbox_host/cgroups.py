@@ -121,6 +121,21 @@ class Cgroups:
                     found.update(int(line) for line in fh if line.strip())
         return sorted(found)
 
+    def oom_kills(self, name: str) -> int:
+        """How many processes of ``name``'s groups the kernel killed for its memory
+        bound (v2 ``memory.events``, v1 ``memory.oom_control``); 0 if unknown."""
+        for controller, path in self.paths(name).items():
+            if controller not in ("unified", "memory"):
+                continue
+            events = "memory.events" if self.version == "v2" else "memory.oom_control"
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(path, events)) as fh:
+                    for line in fh:
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill":
+                            return int(value)
+        return 0
+
     def kill(self, name: str) -> None:
         """SIGKILL every process in the groups, until none is left (a fork bomb forks
         while we read the list)."""

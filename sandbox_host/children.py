@@ -129,8 +129,9 @@ class Child:
         # After delivery: that end, kept open until clean-up, and how much went down it.
         self._fed: int | None = None
         self._fed_bytes = 0
-        # Set by ``wait``: it ended, not by us, with every byte of its code unread, so
-        # the code provably never ran (killed from outside as it was taken).
+        # Set by ``wait``: it was SIGKILLed, neither by us nor for its memory bound, with
+        # every byte of its code unread, so the code provably never ran (killed from
+        # outside as it was taken).
         self.died_unread = False
         self._snippet = ""  # a prepared child's /holdfast/main.py, on the host
         self._status: int | None = None  # a prepared child's exit-status pipe, our end
@@ -364,6 +365,7 @@ class Child:
             sel.register(self._status, selectors.EVENT_READ, None)
         status = error = ""
         exited_at: float | None = None
+        pipes_held = False
         early_code: int | None = None
         try:
             while sel.get_map() and early_code is None:
@@ -378,6 +380,7 @@ class Child:
                 if exited_at is None and self.proc.poll() is not None:
                     exited_at = now
                 if exited_at is not None and now - exited_at > defaults.DEFAULT_PIPE_DRAIN_S:
+                    pipes_held = True
                     break  # something outside the group holds the pipes; stop waiting on it
                 wake = min(defaults.DEFAULT_POLL_INTERVAL_S, max(0.0, deadline - now))
                 for key, _ in sel.select(timeout=wake):
@@ -411,10 +414,7 @@ class Child:
                 # (bubblewrap has exited), so this /proc scan stays off that path.
                 kill_uid(self.uid)
         duration_ms = int((time.monotonic() - started) * 1000)
-        # A prepared child that read nothing of its code: the caller may run the code
-        # elsewhere, since it never ran here (an exit we caused is reported as such).
-        unread = bool(self._fed_bytes) and self._unread() == self._fed_bytes
-        self.died_unread = unread and not status and returncode != 0
+        self.died_unread = not status and not pipes_held and self._killed_unread(returncode)
         if status:
             return ChildOutcome(status, None, out.text(), err.text(), duration_ms, error)
         if returncode == 0:
@@ -440,6 +440,20 @@ class Child:
             self.isolation.cgroups.kill(self.cgroup)
         if not self.isolation.sandboxed and self.uid is not None:
             kill_uid(self.uid)  # without a PID namespace, a setsid'd grandchild left the group
+
+    def _killed_unread(self, returncode: int) -> bool:
+        """Whether this prepared child was killed before it read a byte of its code, so
+        the caller may run the code elsewhere. Only a SIGKILL (bubblewrap reports its
+        child's as 137) that its memory bound did not cause: a death that would repeat
+        (a setup failure, a bound too small to start in) stays this execution's
+        failure. Never without the full sandbox, where the code could reach the pipe."""
+        if not self._fed_bytes or not self.isolation.sandboxed:
+            return False
+        if returncode not in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            return False
+        if self.cgroup and self.isolation.cgroups.oom_kills(self.cgroup):
+            return False
+        return self._unread() == self._fed_bytes
 
     def _unread(self) -> int:
         """Bytes of the delivered payload still in the code pipe (0 if none was)."""

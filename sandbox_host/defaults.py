@@ -77,10 +77,11 @@ DEFAULT_TEMPLATE_WAIT_S = 2.0
 # Restart pause of a template that keeps dying young, doubling up to the max.
 DEFAULT_TEMPLATE_RETRY_S = 0.1
 DEFAULT_TEMPLATE_RETRY_MAX_S = 5.0
-# Sandboxes an execution may go through that died before reading its code (killed from
-# outside the moment it took them: the OOM killer, an operator): each such code provably
-# never ran, so it gets the next sandbox; after this many it is answered not_started and
-# the pool moves it, rather than spin on a host that kills every sandbox it makes.
+# Sandboxes an execution may lose to a SIGKILL from outside (an operator, a machine-wide
+# OOM killer) that landed before they read its code: the code provably never ran, so it
+# gets the next sandbox; the one after this many is not started and the execution is
+# answered not_started, which the pool moves, rather than spin on a host that kills every
+# sandbox it makes.
 DEFAULT_UNREAD_SANDBOX_RETRIES = 3
 # How often the refill looks for prepared sandboxes that died while waiting.
 DEFAULT_RESERVE_CHECK_S = 1.0

@@ -5,7 +5,9 @@ are free, and whether the host is draining. Every refusal happens here, before a
 process exists, which is what lets ``not_started`` promise the code never ran.
 
 ``run_execution`` is the body of one execution's thread: start the child, say
-``started``, wait, say ``result``, free the slot.
+``started``, wait, say ``result``, free the slot. A prepared sandbox SIGKILLed from
+outside before it read its code (``Child.died_unread``) is replaced by the next, the
+code never having run; after a few, the execution is answered ``not_started`` instead.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from holdfast_wire import protocol
 
 from . import defaults
-from .children import Child, ChildError, Limits
+from .children import Child, ChildError, ChildOutcome, Limits
 from .isolation import Isolation
 from .log import log
 from .reserve import Reserve
@@ -42,6 +44,9 @@ class Running:
     child: Child | None = None
     cancel_requested: bool = False
     finished: bool = False
+    # What a stop asked the execution to end as (``Admission.stop``).
+    stop_status: str = "cancelled"
+    stop_error: str = "Execution was cancelled"
 
 
 class Admission:
@@ -100,7 +105,9 @@ class Admission:
             running = self._running.get(execution_id)
             if running is None:
                 return False
-            running.cancel_requested = True
+            if not running.cancel_requested:
+                running.cancel_requested = True
+                running.stop_status, running.stop_error = status, error
             child = running.child
         if child is not None:
             child.stop(status, error)
@@ -169,7 +176,7 @@ def run_execution(
             send(protocol.NotStarted(id=frame.id, reason="spawn_failed"))
             return
         if not admission.attach(running, child):
-            child.stop("cancelled", "Execution was cancelled")
+            child.stop(running.stop_status, running.stop_error)
         log(
             "execution_started",
             conn=conn_id,
@@ -180,17 +187,21 @@ def run_execution(
         )
         send(protocol.Started(id=frame.id))
         outcome = child.wait()
-        retries = defaults.DEFAULT_UNREAD_SANDBOX_RETRIES
+        lost = 0
         while child.died_unread:
             # Killed from outside with its code written but not one byte read: the code
             # never ran, so it gets another sandbox (DESIGN.md: an execution is never
             # lost to the reserve, and never run twice).
-            log("execution_sandbox_died_unread", conn=conn_id, id=frame.id, slot=running.slot)
+            lost += 1
+            log("execution_sandbox_died_unread", conn=conn_id, id=frame.id, slot=running.slot, lost=lost)
             child.cleanup()
             admission.return_slot(running.slot)
             running.slot, child = -1, None
-            retries -= 1
-            if retries >= 0:
+            if running.cancel_requested:
+                # Stopped while it had no sandbox: it ends so, nothing started for it.
+                outcome = ChildOutcome(running.stop_status, None, "", "", outcome.duration_ms, running.stop_error)
+                break
+            if lost < defaults.DEFAULT_UNREAD_SANDBOX_RETRIES:
                 child, prepared = _start(
                     frame, running, limits, admission=admission, isolation=isolation, reserve=reserve
                 )
@@ -201,7 +212,7 @@ def run_execution(
                 send(protocol.NotStarted(id=frame.id, reason="spawn_failed"))
                 return
             if not admission.attach(running, child):
-                child.stop("cancelled", "Execution was cancelled")
+                child.stop(running.stop_status, running.stop_error)
             outcome = child.wait()
         admission.finish(running)
         send(

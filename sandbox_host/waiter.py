@@ -71,6 +71,8 @@ def read_payload(fd: int) -> tuple[bytes, bytes]:
         while got < size and (chunk := os.read(fd, min(size - got, 1 << 20))):
             chunks.append(chunk)
             got += len(chunk)
+        if got < size:
+            os._exit(1)  # the host died writing it: never run part of the code
         code = b"".join(chunks)
     os.close(fd)
     return line, code

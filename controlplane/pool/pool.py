@@ -178,7 +178,7 @@ class SandboxPool:
                     busy_retries += 1
                     continue
                 refused.add(conn)
-            # It never left this process (or the host refused it before creating a child).
+            # It never left this process (or the host proved it never ran: not_started).
             if _cancelled(cancel):
                 return Outcome.system("cancelled", texts.CANCELLED, attempts=moves + 1)
             if moves >= self.config.max_moves:
