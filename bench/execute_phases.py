@@ -12,7 +12,6 @@ with a short pause (the host's reserve refills). One command:
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import statistics
 import sys
@@ -23,11 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+from bench import django_env  # noqa: E402
 
-import django  # noqa: E402
-
-django.setup()
+django_env.setup()
 
 from django.conf import settings  # noqa: E402
 

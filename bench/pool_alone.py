@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import secrets
 import statistics
 import sys
@@ -21,11 +20,9 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+from bench import django_env
 
-import django
-
-django.setup()
+django_env.setup()
 
 from bench.host_speed import SNIPPET, HostClient  # noqa: E402
 from controlplane.pool.outcome import ExecRequest  # noqa: E402

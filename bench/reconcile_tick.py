@@ -27,11 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+from bench import django_env  # noqa: E402
 
-import django  # noqa: E402
-
-django.setup()
+django_env.setup()
 
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
