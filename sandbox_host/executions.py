@@ -166,29 +166,37 @@ def run_execution(
     limits = Limits(timeout_ms=frame.timeout_ms, memory_mb=frame.memory_mb)
     child: Child | None = None
     try:
-        child, prepared = _start(frame, running, limits, admission=admission, isolation=isolation, reserve=reserve)
-        if child is None:
-            # No process exists, so the code provably never ran: not_started, not a failure.
-            log("execution_not_started", conn=conn_id, id=frame.id, reason="spawn_failed")
-            # Free the id before answering: the pool moves the execution at once, maybe
-            # back to this host, which must not call it a duplicate.
-            admission.release(running)
-            send(protocol.NotStarted(id=frame.id, reason="spawn_failed"))
-            return
-        if not admission.attach(running, child):
-            child.stop(running.stop_status, running.stop_error)
-        log(
-            "execution_started",
-            conn=conn_id,
-            id=frame.id,
-            slot=running.slot,
-            timeout_ms=frame.timeout_ms,
-            prepared=prepared,
-        )
-        send(protocol.Started(id=frame.id))
-        outcome = child.wait()
-        lost = 0
-        while child.died_unread:
+        lost = 0  # sandboxes killed before they read the code
+        while True:
+            child, prepared = None, False
+            if lost < defaults.DEFAULT_UNREAD_SANDBOX_RETRIES:
+                child, prepared = _start(
+                    frame, running, limits, admission=admission, isolation=isolation, reserve=reserve
+                )
+            if child is None:
+                # No process has read the code, so it provably never ran: not_started,
+                # not a failure (after ``started`` too).
+                log("execution_not_started", conn=conn_id, id=frame.id, reason="spawn_failed")
+                # Free the id before answering: the pool moves the execution at once,
+                # maybe back to this host, which must not call it a duplicate.
+                admission.release(running)
+                send(protocol.NotStarted(id=frame.id, reason="spawn_failed"))
+                return
+            if not admission.attach(running, child):
+                child.stop(running.stop_status, running.stop_error)
+            if not lost:
+                log(
+                    "execution_started",
+                    conn=conn_id,
+                    id=frame.id,
+                    slot=running.slot,
+                    timeout_ms=frame.timeout_ms,
+                    prepared=prepared,
+                )
+                send(protocol.Started(id=frame.id))
+            outcome = child.wait()
+            if not child.died_unread:
+                break
             # Killed from outside with its code written but not one byte read: the code
             # never ran, so it gets another sandbox (DESIGN.md: an execution is never
             # lost to the reserve, and never run twice).
@@ -201,19 +209,6 @@ def run_execution(
                 # Stopped while it had no sandbox: it ends so, nothing started for it.
                 outcome = ChildOutcome(running.stop_status, None, "", "", outcome.duration_ms, running.stop_error)
                 break
-            if lost < defaults.DEFAULT_UNREAD_SANDBOX_RETRIES:
-                child, prepared = _start(
-                    frame, running, limits, admission=admission, isolation=isolation, reserve=reserve
-                )
-            if child is None:
-                # Still provably never ran: the pool may move it, ``started`` or not.
-                log("execution_not_started", conn=conn_id, id=frame.id, reason="spawn_failed")
-                admission.release(running)
-                send(protocol.NotStarted(id=frame.id, reason="spawn_failed"))
-                return
-            if not admission.attach(running, child):
-                child.stop(running.stop_status, running.stop_error)
-            outcome = child.wait()
         admission.finish(running)
         send(
             protocol.Result(

@@ -288,13 +288,23 @@ def test_delivery_bounds_the_groups_memory_by_the_executions_own():
         os.close(lock_fd)
 
 
-@pytest.mark.parametrize("source", list(SOURCES))
-def test_a_sandbox_that_died_waiting_costs_no_execution(shared_dir, source):
+def ran_marker(shared_dir: Path) -> Path:
+    """A file each sandbox's code may append to: its lines count how often code ran."""
     marker = shared_dir / "ran.txt"
     marker.touch()
     marker.chmod(0o666)
-    args = ("--reserve", "2", "--insecure-shared-dir", str(shared_dir), *SOURCES[source])
-    with start_host(TOKEN, extra_args=args) as host:
+    return marker
+
+
+def two_sandboxes_sharing(shared_dir: Path, source: str) -> tuple[str, ...]:
+    """A host's arguments: a reserve of two, from ``source``, with ``shared_dir`` bound in."""
+    return ("--reserve", "2", "--insecure-shared-dir", str(shared_dir), *SOURCES[source])
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_a_sandbox_that_died_waiting_costs_no_execution(shared_dir, source):
+    marker = ran_marker(shared_dir)
+    with start_host(TOKEN, extra_args=two_sandboxes_sharing(shared_dir, source)) as host:
         wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
         for pid in waiting_sandboxes(host):
             os.kill(pid, signal.SIGKILL)
@@ -314,11 +324,8 @@ def test_a_sandbox_killed_as_its_code_arrives_costs_no_execution(shared_dir, sou
     a byte (its end of the pipe is not released yet, so the write succeeds): the code
     never ran, so it runs once in another sandbox. The waiting sandboxes are stopped
     first, so the code provably sits unread when they are killed."""
-    marker = shared_dir / "ran.txt"
-    marker.touch()
-    marker.chmod(0o666)
-    args = ("--reserve", "2", "--insecure-shared-dir", str(shared_dir), *SOURCES[source])
-    with start_host(TOKEN, extra_args=args) as host:
+    marker = ran_marker(shared_dir)
+    with start_host(TOKEN, extra_args=two_sandboxes_sharing(shared_dir, source)) as host:
         wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
         stopped = waiting_sandboxes(host)
         for pid in stopped:
@@ -344,11 +351,8 @@ def test_a_sandbox_killed_as_its_code_arrives_costs_no_execution(shared_dir, sou
 def test_a_sandbox_killed_after_it_read_its_code_is_not_run_again(shared_dir, source):
     """The other side of the rule above: once the code was read it may have run, so a
     sandbox killed then fails its execution and nothing runs it again."""
-    marker = shared_dir / "ran.txt"
-    marker.touch()
-    marker.chmod(0o666)
-    args = ("--reserve", "2", "--insecure-shared-dir", str(shared_dir), *SOURCES[source])
-    with start_host(TOKEN, extra_args=args) as host:
+    marker = ran_marker(shared_dir)
+    with start_host(TOKEN, extra_args=two_sandboxes_sharing(shared_dir, source)) as host:
         wait_until(lambda: len(waiting_sandboxes(host)) >= 2, timeout=20, what="the reserve to fill")
         before = waiting_sandboxes(host)
         ws = connect(host.url, TOKEN)
