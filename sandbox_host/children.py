@@ -319,9 +319,11 @@ class Child:
             # Our end stays open: a sandbox killed as it was taken has not released its
             # end yet, so the write succeeds; what it left unread says so (``wait``).
             _write_whole(feed, payload)
-        except OSError as exc:
+        except BaseException as exc:
             os.close(feed)
-            raise ChildError(f"the prepared child is gone: {exc.__class__.__name__}") from None
+            if isinstance(exc, OSError):
+                raise ChildError(f"the prepared child is gone: {exc.__class__.__name__}") from None
+            raise
         self._fed, self._fed_bytes = feed, len(payload)
         self.code, self.limits = code, limits
 
@@ -488,9 +490,12 @@ class Child:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(timeout=defaults.DEFAULT_PIPE_DRAIN_S)
         self._close_status()
-        fed, self._fed = self._fed, None
-        if fed is not None:
-            os.close(fed)
+        # Our ends of its code pipe: after delivery, or never delivered (a start that
+        # failed after making the pipe).
+        fds, self._fed, self._feed = (self._fed, self._feed), None, None
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
         if isinstance(self.proc, TemplateProcess):
             self.proc.close()
         cgroup, self.cgroup = self.cgroup, ""

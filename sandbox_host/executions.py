@@ -263,12 +263,15 @@ def _start(
             try:
                 prepared.deliver(frame.code, limits)
                 return prepared, True
-            except ChildError:
-                # It died waiting (it never read the code): let it go, try the next.
+            except BaseException as exc:
+                # It died waiting (it never read the code): let it go, try the next. A
+                # host bug lets it go too, so no sandbox outlives the slot handed back.
                 prepared.discard()
                 prepared.cleanup()
                 admission.return_slot(prepared.slot)
                 running.slot = -1
+                if not isinstance(exc, ChildError):
+                    raise
     slot = admission.take_slot(timeout=SLOT_WAIT_S)
     if slot is None:
         return None, False

@@ -380,3 +380,28 @@ def test_what_does_not_fit_the_ceilings_gets_a_fresh_sandbox(host):
         ws.close()
     assert big.status == "succeeded" and big.stdout == "big\n"
     assert prepared_starts(host) == before
+
+
+def test_a_prepared_sandbox_that_cannot_start_leaves_no_descriptor_behind():
+    """The reserve retries a sandbox that would not start, for as long as the host runs:
+    each failure must give back the pipes it made. Real children in this process; the
+    groups are made under a directory that does not exist, so the start fails after its
+    pipes exist."""
+    import dataclasses
+
+    from sandbox_host import isolation, uids
+    from sandbox_host.cgroups import Cgroups
+    from sandbox_host.children import Child, ChildError, Limits
+
+    base, lock_fd = uids.claim(1)
+    try:
+        contained = isolation.build(isolation.FULL, uid_base=base)
+        broken = dataclasses.replace(contained, cgroups=Cgroups("v2", {"unified": "/nonexistent-holdfast-groups"}))
+        before = sorted(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            child = Child(None, Limits(timeout_ms=10_000, memory_mb=256), isolation=broken, uid=base)
+            with pytest.raises(ChildError):
+                child.start()
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(lock_fd)
