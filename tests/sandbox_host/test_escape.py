@@ -399,6 +399,33 @@ def test_the_code_cannot_report_an_exit_status_no_exit_could_give(host):
     assert (result.status, result.exit_code, result.stdout) == ("succeeded", 0, "done\n"), result
 
 
+def test_the_code_cannot_pass_itself_off_as_never_read_to_run_again(host):
+    # The host keeps its end of a prepared sandbox's code pipe open, and runs the code
+    # again elsewhere if the sandbox was SIGKILLed with all of it unread. Code that
+    # could write that many bytes back into the pipe and then die so would be run
+    # again: it finds no writable end of it (the host's is close-on-exec) and no
+    # reader left (the waiter closed its end before the code ran), so killing itself
+    # is its own execution's end. Red with both taken away, as the test was written.
+    code = """
+    import os, resource, signal, stat
+    source = open(__file__, "rb").read()
+    limits = [resource.getrlimit(n)[0] for n in (resource.RLIMIT_AS, resource.RLIMIT_CPU)]
+    payload = len(b"%d %d %d\\n" % (*limits, len(source))) + len(source)
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if int(name) > 2 and stat.S_ISFIFO(os.fstat(int(name)).st_mode):
+                os.write(int(name), b"#" * payload)
+        except OSError:
+            pass
+    print("tried", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+    before = sum("event=execution_sandbox_died_unread" in line for line in host.log_lines)
+    result = run(host, code)  # a result, never not_started
+    assert result.stdout.startswith("tried\n"), result
+    assert sum("event=execution_sandbox_died_unread" in line for line in host.log_lines) == before
+
+
 def test_the_code_finds_itself_whole_in_its_own_file_and_cannot_change_it(host):
     # As under ``python -I /holdfast/main.py``: the file holds exactly the code (a script
     # that reads itself, inspect, a traceback of a line it has not run), read-only.
